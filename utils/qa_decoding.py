@@ -1,0 +1,52 @@
+"""Decode start/end logits of all windows of an example into its best answer span (n-best search).
+
+For each example the best non-null span is searched across every window: the top `n_best_size`
+start and end positions of each window are paired, spans outside the context, reversed, or longer
+than `max_answer_length` tokens are dropped, and the highest start+end logit sum wins. The null
+score is the lowest [CLS] start+end logit over the windows (the window most sure there is an
+answer). `null_minus_best` = null score - best span score is what the SQuAD v2 threshold compares:
+predict no answer when it exceeds the threshold (0 by default; tuned on dev by `qa_metrics`).
+"""
+
+from collections import defaultdict
+
+import numpy as np
+
+
+def decode_predictions(example_ids, features_example_ids, features_offsets, start_logits, end_logits,
+                       n_best_size=20, max_answer_length=30, contexts=None):
+    """Return {example_id: {"text", "score", "null_minus_best"}} for every example id given.
+
+    features_* are aligned with the rows of start_logits/end_logits (float arrays, one row per window,
+    possibly of different lengths); contexts maps example id -> context string.
+    """
+    windows = defaultdict(list)
+    for f, ex_id in enumerate(features_example_ids):
+        windows[ex_id].append(f)
+    results = {}
+    for ex_id in example_ids:
+        best_text, best_score, null_score = "", -np.inf, np.inf
+        for f in windows[ex_id]:
+            starts, ends, offsets = np.asarray(start_logits[f]), np.asarray(end_logits[f]), features_offsets[f]
+            n = min(len(offsets), len(starts))
+            null_score = min(null_score, float(starts[0] + ends[0]))
+            top_starts = np.argsort(starts[:n])[::-1][:n_best_size]
+            top_ends = np.argsort(ends[:n])[::-1][:n_best_size]
+            for s in top_starts:
+                if offsets[s] is None:
+                    continue
+                for e in top_ends:
+                    if offsets[e] is None or e < s or e - s + 1 > max_answer_length:
+                        continue
+                    score = float(starts[s] + ends[e])
+                    if score > best_score:
+                        best_score = score
+                        best_text = contexts[ex_id][offsets[s][0]:offsets[e][1]]
+        results[ex_id] = {"text": best_text, "score": best_score,
+                          "null_minus_best": null_score - best_score if best_score > -np.inf else np.inf}
+    return results
+
+
+def apply_null_threshold(decoded: dict, threshold: float) -> dict:
+    """{id: answer text}, "" where the null score beats the best span by more than `threshold`."""
+    return {i: ("" if d["null_minus_best"] > threshold else d["text"]) for i, d in decoded.items()}

@@ -1,0 +1,170 @@
+"""Process setup, checkpoints and outputs: the parts of a run that touch the hardware and the disk.
+
+Accelerate owns the hardware: `Accelerator(mixed_precision=...)` does autocast and (fp16) loss scaling,
+device placement and distribution. Here we only refuse what Accelerate would silently get wrong
+(fp16 on a CPU trains in fp32), and make every write crash-safe: checkpoints and the final model are
+written to a hidden temporary directory and renamed into place, so a run killed mid-save never
+leaves something that looks finished or that `--resume_from_checkpoint latest` would pick up.
+"""
+
+import json
+import logging
+import os
+import re
+import shutil
+import warnings
+from contextlib import contextmanager
+
+import datasets
+import transformers
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+from utils.args import as_config
+from utils.errors import UserError
+
+logger = logging.getLogger("qa-amp")
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def setup(args) -> Accelerator:
+    """Create the Accelerator, check the precision is real on this device, seed, and print the run summary."""
+    trackers = {"none": None, "all": "all"}.get(args.report_to, [args.report_to])
+    accelerator = Accelerator(
+        mixed_precision=args.requested_precision,  # None: the launcher's / config's choice
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        log_with=trackers,
+        project_dir=args.output_dir,
+    )
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
+                        level=logging.INFO if accelerator.is_main_process else logging.ERROR)
+    transformers.utils.logging.set_verbosity_error()  # "some weights were newly initialised" is expected here
+    datasets.utils.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per saved file is noise
+    warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
+
+    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+        raise UserError("fp16 mixed precision needs a GPU: on a CPU Accelerate would silently train in fp32. "
+                        "Use --mixed_precision bf16 (CPUs with AVX512-BF16/AMX run it fast) or 'no'.")
+    set_seed(args.seed)
+    _check_output_dir(accelerator, args)
+    effective = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
+    accelerator.print(
+        f"run: precision={accelerator.mixed_precision} device={accelerator.device.type} "
+        f"distributed={accelerator.distributed_type.value} processes={accelerator.num_processes} "
+        f"batch={args.per_device_train_batch_size}x{args.gradient_accumulation_steps} accumulation"
+        f"x{accelerator.num_processes} processes = {effective} per update, output_dir={args.output_dir}"
+    )
+    return accelerator
+
+
+def checkpoint_dir(args) -> str:
+    return os.path.join(args.output_dir, "checkpoints")
+
+
+def list_checkpoints(ckpt_dir: str) -> list[str]:
+    """Complete checkpoints (renamed into place) in step order; temporary directories are ignored."""
+    if not os.path.isdir(ckpt_dir):
+        return []
+    steps = sorted((int(m.group(1)), name) for name in os.listdir(ckpt_dir) if (m := _STEP_DIR.match(name)))
+    return [os.path.join(ckpt_dir, name) for _, name in steps]
+
+
+def _check_output_dir(accelerator, args):
+    if accelerator.is_main_process:
+        os.makedirs(args.output_dir, exist_ok=True)
+    existing = list_checkpoints(checkpoint_dir(args))
+    if existing and args.resume_from_checkpoint is None:
+        if not args.overwrite_output_dir:
+            raise UserError(f"{args.output_dir} holds checkpoints of an earlier run ({os.path.basename(existing[-1])}); "
+                            "pass --resume_from_checkpoint latest to continue it, or --overwrite_output_dir to start over")
+        if accelerator.is_main_process:
+            shutil.rmtree(checkpoint_dir(args))
+            shutil.rmtree(os.path.join(args.output_dir, "best_model"), ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def resolve_resume(args) -> str | None:
+    """Path of the checkpoint to resume from, None to start fresh."""
+    want = args.resume_from_checkpoint
+    if want is None:
+        return None
+    if want == "latest":
+        found = list_checkpoints(checkpoint_dir(args))
+        if not found:
+            logger.info("--resume_from_checkpoint latest: no checkpoint in %s yet, starting from scratch",
+                        checkpoint_dir(args))
+            return None
+        return found[-1]
+    if not os.path.isfile(os.path.join(want, "loop_state.json")):
+        raise UserError(f"{want}: not a checkpoint directory written by this project (no loop_state.json)")
+    return want
+
+
+def save_checkpoint(accelerator, args, step: int, loop_state: dict) -> str:
+    """accelerator.save_state into a temporary directory, then rename; keep --checkpoints_total_limit."""
+    ckpt_dir = checkpoint_dir(args)
+    final = os.path.join(ckpt_dir, f"step_{step}")
+    tmp = os.path.join(ckpt_dir, f".tmp-step_{step}")
+    if accelerator.is_main_process:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(tmp)  # model, optimizer, scheduler, loss scaler, RNG of every process
+    if accelerator.is_main_process:
+        with open(os.path.join(tmp, "loop_state.json"), "w") as f:
+            json.dump(loop_state, f, indent=1)  # human-readable copy; the pickled one is what load_state uses
+        replace_dir(tmp, final)
+        if args.checkpoints_total_limit:
+            for old in list_checkpoints(ckpt_dir)[: -args.checkpoints_total_limit]:
+                shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def replace_dir(new: str, final: str) -> None:
+    """Move the finished directory `new` to `final`. An existing `final` is moved aside first and only
+    deleted once the new one is in place, so a crash at any point leaves one complete copy."""
+    if os.path.exists(final):
+        os.replace(final, new + ".old")
+    os.replace(new, final)
+    shutil.rmtree(new + ".old", ignore_errors=True)
+
+
+@contextmanager
+def publish_dir(accelerator, target: str):
+    """Write into a temporary sibling directory; on success move its entries into `target` (created if
+    needed). On error nothing is moved, so `target` never holds a half-written model."""
+    tmp = os.path.join(target, ".tmp-publish")
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    try:
+        yield tmp
+    except BaseException:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if accelerator.is_main_process:
+        # Move the config last: a directory is only a loadable model once config.json exists.
+        names = sorted(os.listdir(tmp), key=lambda n: n == "config.json")
+        for name in names:
+            dest = os.path.join(target, name)
+            if os.path.isdir(dest):
+                shutil.rmtree(dest)
+            os.replace(os.path.join(tmp, name), dest)
+        os.rmdir(tmp)
+    accelerator.wait_for_everyone()
+
+
+def write_json(accelerator, path: str, obj) -> None:
+    if accelerator.is_main_process:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1, ensure_ascii=False)
+        os.replace(path + ".tmp", path)
+
+
+def tracker_config(args) -> dict:
+    """Trackers (TensorBoard hparams) take only scalars and strings."""
+    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in as_config(args).items()}

@@ -1,0 +1,145 @@
+"""Read SQuAD-format QA data into one flat, validated layout.
+
+Accepted inputs (auto-detected):
+  * SQuAD v1.1 / v2.0 JSON: {"data": [{"title", "paragraphs": [{"context", "qas": [...]}]}]}
+  * the flattened Hugging Face `squad` layout, as a JSON list, {"data": [rows]} or JSON lines:
+    {"id", "title", "context", "question", "answers": {"text": [...], "answer_start": [...]}}
+Every example comes out as the flattened layout; an unanswerable (SQuAD v2) question has no answers.
+
+Validation is strict and names the file and the example id: malformed JSON, a missing key, an
+empty dataset, duplicate ids, or an answer whose text is nowhere in its context is a UserError.
+An answer whose `answer_start` is off but whose text occurs in the context is moved to the
+nearest occurrence and counted (real data has these; see ../shared/data/README.md).
+"""
+
+import json
+import os
+import random
+from collections import defaultdict
+
+from utils.errors import UserError
+
+
+def load_squad(path: str) -> tuple[list[dict], int]:
+    """Return (examples, number of repaired answer offsets) from a SQuAD-format file."""
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            if path.endswith(".jsonl"):
+                raw = [json.loads(line) for line in f if line.strip()]
+            else:
+                raw = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: not valid JSON ({err})") from None
+
+    rows = raw["data"] if isinstance(raw, dict) and "data" in raw else raw
+    if not isinstance(rows, list):
+        raise UserError(f"{path}: expected a list of examples or {{'data': [...]}} at the top level")
+    if not rows:
+        raise UserError(f"{path}: the dataset is empty")
+    nested = isinstance(rows[0], dict) and "paragraphs" in rows[0]
+    flat = _flatten_nested(rows, path) if nested else [_check_flat_row(r, i, path) for i, r in enumerate(rows)]
+    if not flat:
+        raise UserError(f"{path}: the dataset has no questions")
+
+    seen, repaired = set(), 0
+    for ex in flat:
+        if ex["id"] in seen:
+            raise UserError(f"{path}: example {ex['id']}: duplicate id")
+        seen.add(ex["id"])
+        repaired += _check_answers(ex, path)
+    return flat, repaired
+
+
+def _require(obj, key, kind, path, where):
+    if not isinstance(obj, dict) or key not in obj:
+        raise UserError(f"{path}: {where}: missing key '{key}'")
+    value = obj[key]
+    if not isinstance(value, kind):
+        raise UserError(f"{path}: {where}: '{key}' should be {kind.__name__ if isinstance(kind, type) else kind}")
+    return value
+
+
+def _flatten_nested(articles, path):
+    flat = []
+    for a, article in enumerate(articles):
+        title = article.get("title", f"article-{a}") if isinstance(article, dict) else None
+        for p, para in enumerate(_require(article, "paragraphs", list, path, f"article {a}")):
+            context = _require(para, "context", str, path, f"article '{title}' paragraph {p}")
+            for q, qa in enumerate(_require(para, "qas", list, path, f"article '{title}' paragraph {p}")):
+                qid = str(qa.get("id", f"{title}/{p}/{q}")) if isinstance(qa, dict) else f"{title}/{p}/{q}"
+                where = f"example {qid}"
+                question = _require(qa, "question", str, path, where)
+                answers = [] if qa.get("is_impossible") else _require(qa, "answers", list, path, where)
+                texts, starts = [], []
+                for ans in answers:
+                    texts.append(_require(ans, "text", str, path, where))
+                    starts.append(_require(ans, "answer_start", int, path, where))
+                flat.append({"id": qid, "title": str(title), "context": context, "question": question,
+                             "answers": {"text": texts, "answer_start": starts}})
+    return flat
+
+
+def _check_flat_row(row, i, path):
+    where = f"example {row.get('id', f'#{i}') if isinstance(row, dict) else f'#{i}'}"
+    qid = _require(row, "id", (str, int), path, where)
+    answers = _require(row, "answers", dict, path, where)
+    texts = _require(answers, "text", list, path, where)
+    starts = _require(answers, "answer_start", list, path, where)
+    if len(texts) != len(starts) or not all(isinstance(t, str) for t in texts) \
+            or not all(isinstance(s, int) for s in starts):
+        raise UserError(f"{path}: {where}: 'answers' needs equally long lists of text strings and int answer_start")
+    return {"id": str(qid), "title": str(row.get("title", "")),
+            "context": _require(row, "context", str, path, where),
+            "question": _require(row, "question", str, path, where),
+            "answers": {"text": list(texts), "answer_start": list(starts)}}
+
+
+def _check_answers(ex, path) -> int:
+    """Validate one example in place; return how many answer offsets were repaired."""
+    where = f"{path}: example {ex['id']}"
+    if not ex["question"].strip():
+        raise UserError(f"{where}: empty question")
+    if not ex["context"].strip():
+        raise UserError(f"{where}: empty context")
+    context, repaired = ex["context"], 0
+    starts = ex["answers"]["answer_start"]
+    for k, text in enumerate(ex["answers"]["text"]):
+        if not text.strip():
+            raise UserError(f"{where}: empty answer text")
+        if context[starts[k]:starts[k] + len(text)] == text:
+            continue
+        found = [i for i in _occurrences(context, text)]
+        if not found:
+            raise UserError(f"{where}: answer {text!r} does not occur in its context")
+        starts[k] = min(found, key=lambda i: abs(i - starts[k]))
+        repaired += 1
+    return repaired
+
+
+def _occurrences(haystack, needle):
+    i = haystack.find(needle)
+    while i != -1:
+        yield i
+        i = haystack.find(needle, i + 1)
+
+
+def is_impossible(ex) -> bool:
+    return len(ex["answers"]["text"]) == 0
+
+
+def split_by_article(examples: list[dict], dev_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """Carve a dev set off by whole articles (title), so no paragraph is in both halves."""
+    by_title = defaultdict(list)
+    for ex in examples:
+        by_title[ex["title"] or ex["context"]].append(ex)
+    titles = sorted(by_title)
+    if len(titles) < 2:
+        raise UserError("--dev_split needs at least two articles (titles) in the train file")
+    random.Random(seed).shuffle(titles)
+    n_dev = min(len(titles) - 1, max(1, round(dev_fraction * len(titles))))
+    dev_titles = set(titles[:n_dev])
+    train = [ex for ex in examples if (ex["title"] or ex["context"]) not in dev_titles]
+    dev = [ex for ex in examples if (ex["title"] or ex["context"]) in dev_titles]
+    return train, dev
