@@ -38,7 +38,7 @@ def load_squad(path: str) -> tuple[list[dict], int]:
         raise UserError(f"{path}: expected a list of examples or {{'data': [...]}} at the top level")
     if not rows:
         raise UserError(f"{path}: the dataset is empty")
-    nested = isinstance(rows[0], dict) and "paragraphs" in rows[0]
+    nested = isinstance(rows[0], dict) and "question" not in rows[0] and "context" not in rows[0]
     flat = _flatten_nested(rows, path) if nested else [_check_flat_row(r, i, path) for i, r in enumerate(rows)]
     if not flat:
         raise UserError(f"{path}: the dataset has no questions")

