@@ -50,3 +50,28 @@ def run_script(script, *args, launcher=None, env=None, check=True, timeout=600):
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+def run_killed_at_checkpoint(script, args, out, step):
+    """Start `script`, SIGKILL it as soon as checkpoints/step_<step> exists; assert it really died mid-run."""
+    import signal
+    import time
+
+    cmd = [sys.executable, os.path.join(ROOT, script), *map(str, args)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = os.path.join(out, "checkpoints", f"step_{step}")
+    deadline = time.time() + 300
+    while not os.path.isdir(target) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
+
+
+def assert_same_weights(file_a, file_b):
+    import torch
+    from safetensors.torch import load_file
+
+    a, b = load_file(file_a), load_file(file_b)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs by {(a[key] - b[key]).abs().max()}"

@@ -2,16 +2,13 @@
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, SAMPLE, run_script
+from conftest import SAMPLE, assert_same_weights, run_killed_at_checkpoint, run_script
 
 
 def tiny_args(model_dir, out, *extra):
@@ -51,21 +48,10 @@ def test_sigkilled_run_resumes_to_the_same_weights(tiny_bert_dir, tmp_path, prec
     run_script("train_reader.py", *tiny_args(tiny_bert_dir, ref, *args))
 
     out = str(tmp_path / "killed")
-    cmd = [sys.executable, os.path.join(ROOT, "train_reader.py"), *map(str, tiny_args(tiny_bert_dir, out, *args))]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first = os.path.join(out, "checkpoints", "step_12")
-    deadline = time.time() + 300
-    while not os.path.isdir(first) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
+    run_killed_at_checkpoint("train_reader.py", tiny_args(tiny_bert_dir, out, *args), out, step=12)
     assert not os.path.exists(os.path.join(out, "model.safetensors"))
-
     run_script("train_reader.py", *tiny_args(tiny_bert_dir, out, *args, "--resume_from_checkpoint", "latest"))
-    a, b = load_file(os.path.join(ref, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), f"{key} differs by {(a[key] - b[key]).abs().max()}"
+    assert_same_weights(os.path.join(ref, "model.safetensors"), os.path.join(out, "model.safetensors"))
     assert json.load(open(os.path.join(ref, "predictions.json"))) == json.load(open(os.path.join(out, "predictions.json")))
 
 

@@ -172,12 +172,14 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
 
             if state.step % args.logging_steps == 0 or state.step == total_steps:
                 _log_window(accelerator, state, scheduler, window, scaler, progress, log_path)
+            housekeeping = time.perf_counter()
             if args.eval_steps and state.step % args.eval_steps == 0 and state.step < total_steps:
                 _evaluate_and_track(accelerator, args, task, model, state, best_dir)
                 model.train()
             if args.checkpointing_steps and state.step % args.checkpointing_steps == 0:
                 save_checkpoint(accelerator, args, state.step, state.state_dict())
-            tick = window["t0"] = time.perf_counter()  # evaluation and checkpoints are not training time
+            tick = time.perf_counter()
+            window["t0"] += tick - housekeeping  # evaluation and checkpoints are not training time
             if state.step >= total_steps or state.stopped_early:
                 break
         else:  # epoch finished

@@ -1,0 +1,84 @@
+"""DPR files, negatives selection, evaluation corpus and the SQuAD -> DPR converter."""
+
+import json
+
+import pytest
+
+from conftest import SAMPLE
+from utils.dpr_data import evaluation_corpus, load_dpr, load_passages, passage_key, training_passages
+from utils.errors import UserError
+from utils.make_dpr_data import build, main as convert
+from utils.squad_data import load_squad
+
+
+def ctx(pid, text=None):
+    return {"title": "T", "text": text or f"text of {pid}", "passage_id": pid}
+
+
+def q(qid, pos, hard=(), neg=()):
+    return {"id": qid, "question": f"question {qid}?", "answers": ["x"], "positive_ctxs": [ctx(pos)],
+            "hard_negative_ctxs": [ctx(h) for h in hard], "negative_ctxs": [ctx(n) for n in neg]}
+
+
+def test_negatives_fall_back_from_hard_to_negative_to_random():
+    data = [q("a", "p1", hard=["h1"], neg=["n1", "n2"]), q("b", "p2"), q("c", "p3", hard=["h1", "h2", "h3"]), q("d", "p4")]
+    chosen = training_passages(data, 3, seed=0)
+    assert [c["passage_id"] for c in chosen[0]] == ["p1", "h1", "n1", "n2"]
+    assert [c["passage_id"] for c in chosen[2]] == ["p3", "h1", "h2", "h3"]
+    b = [c["passage_id"] for c in chosen[1]]
+    assert b[0] == "p2" and len(b) == 4 and "p2" not in b[1:]  # topped up with other questions' positives
+    assert training_passages(data, 3, seed=0) == chosen
+
+
+def test_evaluation_corpus_adds_missing_gold_passages():
+    dev = [q("a", "p1"), q("b", "p9")]
+    corpus, added = evaluation_corpus(dev, [ctx("p1"), ctx("p2")])
+    assert [c["passage_id"] for c in corpus] == ["p1", "p2", "p9"] and added == 1
+    corpus, added = evaluation_corpus([q("a", "p1", hard=["h"])], None)
+    assert [c["passage_id"] for c in corpus] == ["p1", "h"] and added == 0
+
+
+def test_passage_key_falls_back_to_text():
+    assert passage_key({"text": "abc", "passage_id": None}) == "text:abc"
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[", "not valid JSON"),
+    ("[]", "the dataset is empty"),
+    ('[{"id": "q7", "question": "Who?", "positive_ctxs": []}]', "question q7: needs at least one entry in 'positive_ctxs'"),
+    ('[{"id": "q7", "positive_ctxs": [{"text": "x"}]}]', "question q7: missing or empty 'question'"),
+    ('[{"id": "q7", "question": "Who?", "positive_ctxs": [{"title": "t"}]}]', "question q7: every passage needs"),
+])
+def test_bad_dpr_files(tmp_path, content, message):
+    path = tmp_path / "d.json"
+    path.write_text(content)
+    with pytest.raises(UserError) as err:
+        load_dpr(str(path))
+    assert str(err.value).startswith(str(path)) and message in str(err.value)
+
+
+def test_converter_on_the_sample(tmp_path):
+    examples, _ = load_squad(f"{SAMPLE}/train.json")
+    data, passages = build(examples, num_hard_negatives=2, num_negatives=1, seed=0)
+    assert len(data) == sum(1 for e in examples if e["answers"]["text"])
+    assert len(passages) == len({e["context"] for e in examples})
+    by_id = {e["id"]: e for e in examples}
+    with_hard = 0
+    for row in data:
+        ex = by_id[row["id"]]
+        assert row["positive_ctxs"][0]["text"] == ex["context"]
+        for c in row["hard_negative_ctxs"] + row["negative_ctxs"]:
+            assert c["passage_id"] != row["positive_ctxs"][0]["passage_id"]
+            assert not any(a.lower() in c["text"].lower() for a in row["answers"])
+        with_hard += bool(row["hard_negative_ctxs"])
+    assert with_hard > 0.9 * len(data)
+
+    out, corpus = tmp_path / "dpr.json", tmp_path / "passages.jsonl"
+    convert([f"{SAMPLE}/train.json", "--out", str(out), "--passages", str(corpus)])
+    assert len(load_dpr(str(out))) == len(data) and len(load_passages(str(corpus))) == len(passages)
+
+
+def test_shipped_dpr_sample_is_what_the_converter_makes(tmp_path):
+    out = tmp_path / "dev.json"
+    convert([f"{SAMPLE}/dev.json", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.load(open(f"{SAMPLE}/dpr_dev.json"))

@@ -1,0 +1,100 @@
+"""train_dpr.py end to end: real subprocesses, real tokenizer, exported encoders loaded by their libraries."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import SAMPLE, assert_same_weights, run_killed_at_checkpoint, run_script
+from utils.bi_encoder import BiEncoder, sentence_transformers_defaults
+
+
+def tiny_args(model_dir, out, *extra):
+    return ["--query_model_name_or_path", model_dir, "--passage_model_name_or_path", model_dir, "--output_dir", out,
+            "--per_device_train_batch_size", 8, "--eval_before_training", "false", *extra]
+
+
+def test_defaults_follow_the_starting_model(minilm_dir, tiny_bert_dir):
+    assert sentence_transformers_defaults(minilm_dir) == ("mean", True)
+    assert sentence_transformers_defaults(tiny_bert_dir) == (None, None)
+
+
+def test_training_lowers_the_loss_and_exports_load_with_identical_embeddings(tiny_bert_dir, tmp_path):
+    out = str(tmp_path / "run")
+    proc = run_script("train_dpr.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 30, "--logging_steps", 5,
+                                              "--learning_rate", 5e-4, "--export_dpr", "--num_hard_negatives", 2))
+    assert "pooling=cls similarity=dot temperature=1.0" in proc.stdout  # DPR convention for a plain BERT
+    log = [json.loads(line) for line in open(os.path.join(out, "train_log.jsonl"))]
+    assert log[-1]["loss"] < log[0]["loss"] - 0.3, log
+    results = json.load(open(os.path.join(out, "eval_results.json")))
+    assert {"top1", "top5", "top20", "top100", "mrr@10", "mean_rank", "in_batch_avg_rank"} <= set(results["metrics"])
+    rankings = [json.loads(line) for line in open(os.path.join(out, "rankings.jsonl"))]
+    assert len(rankings) == 44 and all(len(r["top20"]) == 20 for r in rankings)
+
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer, DPRContextEncoder, DPRQuestionEncoder
+
+    questions = ["Who designed the Harrowgate Lighthouse?", "How tall is the tower of the lighthouse at Corran?"]
+    titles, texts = ["Harrowgate Lighthouse", "Orrin Valley"], ["It was designed by Matilda Reyes.", "A railway."]
+    ours = BiEncoder.from_pretrained(f"{out}/query_encoder", f"{out}/passage_encoder", False, "cls", False).eval()
+    tok = AutoTokenizer.from_pretrained(f"{out}/query_encoder")
+    q_in = dict(tok(questions, padding=True, truncation=True, max_length=64, return_tensors="pt"))
+    p_in = dict(tok(titles, texts, padding=True, truncation="only_second", max_length=256, return_tensors="pt"))
+    with torch.no_grad():
+        q_ours, p_ours = ours(query=q_in, passage=p_in)
+        st_q = SentenceTransformer(f"{out}/query_encoder", device="cpu").encode(questions, convert_to_tensor=True)
+        st_p = SentenceTransformer(f"{out}/passage_encoder", device="cpu").encode(
+            [[a, b] for a, b in zip(titles, texts)], convert_to_tensor=True)
+        hf_q = AutoModel.from_pretrained(f"{out}/query_encoder")(**q_in).last_hidden_state[:, 0]
+        dpr_q = DPRQuestionEncoder.from_pretrained(f"{out}/dpr_question_encoder")(**q_in).pooler_output
+        dpr_p = DPRContextEncoder.from_pretrained(f"{out}/dpr_context_encoder")(**p_in).pooler_output
+    for theirs, mine in ((st_q, q_ours), (st_p, p_ours), (hf_q, q_ours), (dpr_q, q_ours), (dpr_p, p_ours)):
+        torch.testing.assert_close(theirs.float(), mine, atol=1e-5, rtol=1e-4)
+
+
+def test_minilm_mean_cosine_export_embeds_identically_in_sentence_transformers(minilm_dir, tmp_path):
+    out = str(tmp_path / "minilm")
+    proc = run_script("train_dpr.py", "--output_dir", out, "--max_train_steps", 2, "--mixed_precision", "bf16",
+                      "--eval_before_training", "false", "--per_device_train_batch_size", 8, "--shared_encoder")
+    assert "pooling=mean similarity=cosine temperature=0.05 shared" in proc.stdout
+    from sentence_transformers import SentenceTransformer
+
+    questions = ["Who founded the Fenwick Beekeepers' Association?"]
+    ours = BiEncoder.from_pretrained(f"{out}/query_encoder", f"{out}/query_encoder", True, "mean", True).eval()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(f"{out}/query_encoder")
+    with torch.no_grad():
+        mine = ours(query=dict(tok(questions, return_tensors="pt")))[0]
+        theirs = SentenceTransformer(f"{out}/query_encoder", device="cpu").encode(questions, convert_to_tensor=True)
+    torch.testing.assert_close(theirs.float(), mine, atol=1e-5, rtol=1e-4)
+    assert abs(mine.norm().item() - 1) < 1e-5
+
+
+@pytest.mark.parametrize("extra", [[], ["--grad_cache_chunk_size", 3]], ids=["plain", "grad_cache"])
+def test_sigkilled_run_resumes_to_the_same_weights(tiny_bert_dir, tmp_path, extra):
+    args = ["--max_train_steps", 30, "--checkpointing_steps", 5, "--mixed_precision", "bf16", *extra]
+    ref = str(tmp_path / "ref")
+    run_script("train_dpr.py", *tiny_args(tiny_bert_dir, ref, *args))
+    out = str(tmp_path / "killed")
+    run_killed_at_checkpoint("train_dpr.py", tiny_args(tiny_bert_dir, out, *args), out, step=10)
+    run_script("train_dpr.py", *tiny_args(tiny_bert_dir, out, *args, "--resume_from_checkpoint", "latest"))
+    for side in ("query_encoder", "passage_encoder"):
+        assert_same_weights(f"{ref}/{side}/model.safetensors", f"{out}/{side}/model.safetensors")
+
+
+@pytest.mark.parametrize("make_args, expected", [
+    (lambda t: ["--train_file", f"{SAMPLE}/train.json", "--validation_file", f"{SAMPLE}/dpr_dev.json"],
+     "train.json: this is SQuAD-format data, not DPR; convert it"),
+    (lambda t: ["--train_file", str(t / "none.json"), "--validation_file", f"{SAMPLE}/dpr_dev.json"], "no such file"),
+    (lambda t: ["--pooling", "mean", "--export_dpr"], "--export_dpr needs --pooling cls"),
+    (lambda t: ["--mixed_precision", "fp16"], "fp16 mixed precision needs a GPU"),
+])
+def test_bad_input_is_one_line_nonzero_exit_and_no_model(tmp_path, make_args, expected):
+    out = tmp_path / "out"
+    proc = run_script("train_dpr.py", "--output_dir", out, *make_args(tmp_path), check=False)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and expected in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr and not (out / "query_encoder").exists()

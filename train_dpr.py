@@ -1,0 +1,311 @@
+"""Train a DPR retriever (question encoder + passage encoder) with Accelerate-managed mixed precision.
+
+Runbook (from the repository root, after `pip install -r requirements.txt`):
+
+  python train_dpr.py
+      Offline demo: both encoders start from the packaged MiniLM, trained on the shipped DPR sample
+      (data/sample/dpr_*.json, made from the reader sample by `python -m utils.make_dpr_data`), CPU,
+      about two minutes. Prints top-k accuracy and MRR@10 before and after training.
+
+  accelerate launch train_dpr.py --train_file train.json --validation_file dev.json --passages corpus.jsonl \
+      --query_model_name_or_path bert-base-uncased --passage_model_name_or_path bert-base-uncased \
+      --mixed_precision fp16 --per_device_train_batch_size 32 --num_hard_negatives 1 --export_dpr
+      DPR JSON as in facebookresearch/DPR and Haystack 1.x. Under DDP every question sees every passage of
+      the global batch as a negative; --grad_cache_chunk_size N trains a large batch in small memory.
+
+  python train_dpr.py --train_file ../shared/data/dpr/train.json --validation_file ../shared/data/dpr/dev.json \
+      --passages ../shared/data/dpr/passages.jsonl --mixed_precision bf16 --output_dir outputs/dpr-squad
+      The real-data result in the README.
+
+Skeleton (same as train_reader.py): setup -> data -> model -> fit -> validate. The output directory holds
+query_encoder/ and passage_encoder/ (each loads in SentenceTransformer(dir) and AutoModel), with
+--export_dpr also dpr_question_encoder/ and dpr_context_encoder/, plus eval_results.json, rankings.jsonl
+(per-question top passages) and train_log.jsonl.
+"""
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
+from transformers import AutoTokenizer
+
+from utils.args import TrainArgs, arg, packaged_minilm, parse_args
+from utils.batching import LengthGroupedBatchSampler
+from utils.bi_encoder import BiEncoder, export_dpr, save_sentence_transformers_dir, sentence_transformers_defaults
+from utils.dpr_data import evaluation_corpus, key_hash, load_dpr, load_passages, passage_key, training_passages
+from utils.dpr_loss import dpr_loss, global_loss, grad_cache_step
+from utils.errors import UserError, exit_on_user_error
+from utils.retrieval_metrics import gold_ranks, retrieval_metrics, top_passages
+from utils.runtime import publish_dir, setup, write_json
+from utils.training import Task, build_optimizer, build_scheduler, fit, plan_steps
+
+logger = logging.getLogger("qa-amp")
+SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
+
+
+@dataclass
+class DPRArgs(TrainArgs):
+    query_model_name_or_path: str = arg(packaged_minilm(), "Question encoder to start from (default: packaged MiniLM).")
+    passage_model_name_or_path: str = arg(packaged_minilm(), "Passage encoder to start from (default: packaged MiniLM).")
+    shared_encoder: bool = arg(False, "One encoder for questions and passages (--query_model_name_or_path).")
+    pooling: Optional[Literal["cls", "mean"]] = arg(
+        None, "Default: what a sentence-transformers starting model was trained with, else 'cls' (DPR).")
+    similarity: Optional[Literal["dot", "cosine"]] = arg(
+        None, "Default: 'cosine' if the starting model normalises its embeddings, else 'dot' (DPR).")
+    temperature: Optional[float] = arg(None, "Logits = similarity / temperature. Default 0.05 for cosine, 1 for dot.")
+    embed_title: bool = arg(True, "Encode passages as the pair (title, text) rather than text alone.")
+    train_file: Optional[str] = arg(None, "DPR JSON. Default: the shipped sample (data/sample/dpr_train.json).")
+    validation_file: Optional[str] = arg(None, "DPR JSON for evaluation. Default: the shipped sample's dev file.")
+    passages: Optional[str] = arg(None, "Corpus to rank at evaluation (JSON lines of title/text/passage_id). "
+                                        "Default: the sample's corpus on the sample; else every context of the dev file.")
+    num_hard_negatives: int = arg(1, "Hard negatives per question (topped up from negative_ctxs, then random).")
+    grad_cache_chunk_size: Optional[int] = arg(None, "GradCache: questions per forward chunk. The full batch's "
+                                               "in-batch negatives at the memory of one chunk.")
+    max_query_length: int = arg(64, "Question tokens.")
+    max_passage_length: int = arg(256, "Passage tokens (title + text).")
+    export_dpr: bool = arg(False, "Also write transformers DPRQuestionEncoder/DPRContextEncoder dirs (Haystack 1.x).")
+    output_dir: str = arg("outputs/dpr", "Where the encoders, metrics, rankings and checkpoints go.")
+    learning_rate: float = arg(2e-5, "Peak learning rate of AdamW.")
+    num_train_epochs: Optional[float] = arg(None, "Training epochs (default 4 on the shipped sample, 2 otherwise).")
+    metric_for_best_model: str = arg("mrr@10", "Metric (higher is better) for best-model keeping and early stopping.")
+    per_device_train_batch_size: int = arg(16, "Questions per micro-batch per process.")
+
+    def validate(self):
+        if self.train_file is None:
+            if self.validation_file or self.passages:
+                raise UserError("--validation_file/--passages need a --train_file")
+            self.train_file = os.path.join(SAMPLE_DIR, "dpr_train.json")
+            self.validation_file = os.path.join(SAMPLE_DIR, "dpr_dev.json")
+            self.passages = os.path.join(SAMPLE_DIR, "dpr_passages.jsonl")
+            if self.num_train_epochs is None:
+                self.num_train_epochs = 4.0
+        if self.num_train_epochs is None:
+            self.num_train_epochs = 2.0
+        if not self.validation_file:
+            raise UserError("give --validation_file (DPR JSON) to evaluate retrieval")
+        if self.num_hard_negatives < 0:
+            raise UserError("--num_hard_negatives must be >= 0")
+        if self.temperature is not None and self.temperature <= 0:
+            raise UserError("--temperature must be positive")
+        if self.grad_cache_chunk_size is not None and self.grad_cache_chunk_size < 1:
+            raise UserError("--grad_cache_chunk_size must be at least 1")
+        if self.shared_encoder and self.passage_model_name_or_path != self.query_model_name_or_path \
+                and self.passage_model_name_or_path != packaged_minilm():
+            raise UserError("--shared_encoder uses --query_model_name_or_path only; drop --passage_model_name_or_path")
+        st_pooling, st_normalize = sentence_transformers_defaults(self.query_model_name_or_path)
+        self.pooling = self.pooling or st_pooling or "cls"
+        self.similarity = self.similarity or ("cosine" if st_normalize else "dot")
+        if self.temperature is None:
+            self.temperature = 0.05 if self.similarity == "cosine" else 1.0
+        if self.export_dpr and self.pooling != "cls":
+            raise UserError("--export_dpr needs --pooling cls: transformers' DPR encoders pool the [CLS] token")
+        super().validate()
+
+
+# --- data ------------------------------------------------------------------------------------------
+
+def passage_texts(tokenizer, ctxs, args):
+    if args.embed_title:
+        return tokenizer([c["title"] for c in ctxs], [c["text"] for c in ctxs], truncation="only_second",
+                         max_length=args.max_passage_length, padding=True, pad_to_multiple_of=8, return_tensors="pt")
+    return tokenizer([c["text"] for c in ctxs], truncation=True, max_length=args.max_passage_length, padding=True,
+                     pad_to_multiple_of=8, return_tensors="pt")
+
+
+def question_texts(tokenizer, questions, args):
+    return tokenizer(questions, truncation=True, max_length=args.max_query_length, padding=True, pad_to_multiple_of=8,
+                     return_tensors="pt")
+
+
+class TrainCollator:
+    """Question indices -> tokenised questions, their passages ([positive, negatives...] each) and passage keys."""
+
+    def __init__(self, questions, passages_per_question, q_tok, p_tok, args):
+        self.questions, self.passages = questions, passages_per_question
+        self.q_tok, self.p_tok, self.args = q_tok, p_tok, args
+
+    def __call__(self, indices):
+        ctxs = [c for i in indices for c in self.passages[i]]
+        return {"query": dict(question_texts(self.q_tok, [self.questions[i]["question"] for i in indices], self.args)),
+                "passage": dict(passage_texts(self.p_tok, ctxs, self.args)),
+                "passage_keys": torch.tensor([key_hash(passage_key(c)) for c in ctxs], dtype=torch.long)}
+
+
+# --- the task the shared loop trains -----------------------------------------------------------------
+
+class DPRTask(Task):
+    tracker_project = "qa-amp-dpr"
+
+    def __init__(self, accelerator, args, q_tok, p_tok, dev, corpus, dev_passages):
+        self.accelerator, self.args, self.q_tok, self.p_tok = accelerator, args, q_tok, p_tok
+        self.dev, self.corpus, self.dev_passages = dev, corpus, dev_passages
+        self.corpus_index = {passage_key(c): i for i, c in enumerate(corpus)}
+        self.gold = [[self.corpus_index[passage_key(c)] for c in q["positive_ctxs"]] for q in dev]
+        bs = args.per_device_eval_batch_size
+        self.corpus_loader = accelerator.prepare(DataLoader(
+            corpus, batch_size=bs, collate_fn=lambda cs: {"passage": dict(passage_texts(p_tok, cs, args))}))
+        self.question_loader = accelerator.prepare(DataLoader(
+            [q["question"] for q in dev], batch_size=bs,
+            collate_fn=lambda qs: {"query": dict(question_texts(q_tok, qs, args))}))
+
+    @staticmethod
+    def samples_in(batch):
+        return len(batch["query"]["input_ids"])
+
+    @staticmethod
+    def tokens_in(batch):
+        return int(batch["query"]["attention_mask"].sum() + batch["passage"]["attention_mask"].sum())
+
+    def train_step(self, accelerator, model, batch):
+        if self.args.grad_cache_chunk_size:
+            return grad_cache_step(accelerator, model, batch["query"], batch["passage"], batch["passage_keys"],
+                                   self.args.temperature, self.args.grad_cache_chunk_size)
+        q, p = model(query=batch["query"], passage=batch["passage"])
+        loss, for_backward, _ = global_loss(q, p, batch["passage_keys"], self.args.temperature)
+        accelerator.backward(for_backward)
+        return loss.detach()
+
+    def _embed(self, model, loader, side):
+        out = []
+        for batch in loader:
+            emb = model(**batch)[0 if side == "query" else 1]
+            out.append(self.accelerator.gather_for_metrics(emb.float()).cpu())
+        return torch.cat(out)
+
+    def evaluate(self, model) -> dict:
+        p_emb = self._embed(model, self.corpus_loader, "passage")
+        q_emb = self._embed(model, self.question_loader, "query")
+        scores = (q_emb @ p_emb.T).numpy()
+        ranks = gold_ranks(scores, self.gold)
+        metrics = retrieval_metrics(ranks)
+        metrics["in_batch_avg_rank"] = self._in_batch_rank(q_emb, p_emb)
+        top = top_passages(scores, 20)
+        rankings = [{"id": q["id"], "question": q["question"], "gold_rank": int(r),
+                     "top20": [self.corpus[j]["passage_id"] or self.corpus[j]["text"][:80] for j in t]}
+                    for q, r, t in zip(self.dev, ranks, top)]
+        return {"metrics": metrics, "rankings": rankings}
+
+    def _in_batch_rank(self, q_emb, p_emb) -> float:
+        """Haystack's in-batch metric: the positive's rank among the passages of its training-style batch
+        (the batch's positives and hard negatives), averaged over dev questions."""
+        bs, ranks = self.args.per_device_train_batch_size, []
+        for s in range(0, len(self.dev), bs):
+            ctxs = [c for group in self.dev_passages[s:s + bs] for c in group]
+            p = p_emb[[self.corpus_index[passage_key(c)] for c in ctxs]]
+            keys = torch.tensor([key_hash(passage_key(c)) for c in ctxs])
+            ranks.append(dpr_loss(q_emb[s:s + bs], p, keys, 1.0)[1].float())
+        return float(torch.cat(ranks).mean())
+
+    def save(self, model, directory):
+        for side, tok in (("query", self.q_tok), ("passage", self.p_tok)):
+            max_len = self.args.max_query_length if side == "query" else self.args.max_passage_length
+            save_sentence_transformers_dir(model.encoder(side), tok, os.path.join(directory, f"{side}_encoder"),
+                                           self.args.pooling, self.args.similarity == "cosine", max_len)
+
+    def load(self, model, directory):
+        for side in ("query", "passage"):
+            state = load_file(os.path.join(directory, f"{side}_encoder", "model.safetensors"))
+            model.encoder(side).load_state_dict(state, strict=False)
+
+
+@exit_on_user_error
+def main(argv=None):
+    # --- setup ---------------------------------------------------------------------------------------
+    args = parse_args(DPRArgs, argv)
+    accelerator = setup(args)
+    accelerator.print(f"encoders: pooling={args.pooling} similarity={args.similarity} temperature={args.temperature} "
+                      f"{'shared' if args.shared_encoder else 'separate'} hard_negatives={args.num_hard_negatives}")
+
+    # --- data ----------------------------------------------------------------------------------------
+    try:
+        q_tok = AutoTokenizer.from_pretrained(args.query_model_name_or_path)
+        p_tok = q_tok if args.shared_encoder else AutoTokenizer.from_pretrained(args.passage_model_name_or_path)
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot load a tokenizer ({str(err).splitlines()[0]})") from None
+    train = load_dpr(args.train_file)
+    dev = load_dpr(args.validation_file)
+    if args.max_train_samples:
+        train = train[: args.max_train_samples]
+    if args.max_eval_samples:
+        dev = dev[: args.max_eval_samples]
+    corpus, added = evaluation_corpus(dev, load_passages(args.passages) if args.passages else None)
+    if added:
+        logger.warning("%d gold passages of the dev file are not in %s; added them to the ranked corpus", added,
+                       args.passages)
+    per_question = training_passages(train, args.num_hard_negatives, args.seed)
+    dev_passages = training_passages(dev, args.num_hard_negatives, args.seed)
+    corpus, _ = evaluation_corpus(dev, corpus + [c for g in dev_passages for c in g])  # in-batch rank needs them
+    logger.info("train: %d questions x (1 positive + %d negatives); dev: %d questions; corpus: %d passages",
+                len(train), args.num_hard_negatives, len(dev), len(corpus))
+    if len(train) < args.per_device_train_batch_size * accelerator.num_processes:
+        raise UserError(f"{args.train_file}: {len(train)} questions are fewer than one global batch "
+                        f"({args.per_device_train_batch_size} x {accelerator.num_processes} processes)")
+
+    # Every batch full (drop_last): the number of negatives, and the tensor shapes gathered across
+    # processes, stay fixed.
+    batch_sampler = LengthGroupedBatchSampler(np.zeros(len(train)), args.per_device_train_batch_size, args.seed,
+                                              group_by_length=False, drop_last=True)
+    train_loader = DataLoader(list(range(len(train))), batch_sampler=batch_sampler,
+                              collate_fn=TrainCollator(train, per_question, q_tok, p_tok, args),
+                              generator=torch.Generator().manual_seed(args.seed))  # see train_reader.py
+
+    # --- model ---------------------------------------------------------------------------------------
+    try:
+        model = BiEncoder.from_pretrained(args.query_model_name_or_path, args.passage_model_name_or_path,
+                                          args.shared_encoder, args.pooling, args.similarity == "cosine")
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot load an encoder ({str(err).splitlines()[0]})") from None
+    if args.export_dpr and model.query_encoder.config.model_type != "bert":
+        raise UserError(f"--export_dpr needs BERT-architecture encoders (got {model.query_encoder.config.model_type})")
+    optimizer = build_optimizer(model, args)
+    model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
+    _, total_steps = plan_steps(args, len(batch_sampler), accelerator.num_processes)
+    scheduler = build_scheduler(optimizer, args, total_steps)
+    task = DPRTask(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages)
+
+    before = None
+    if args.eval_before_training and not args.resume_from_checkpoint:
+        model.eval()
+        with torch.no_grad():
+            before = task.evaluate(model)["metrics"]
+        accelerator.print("before training: " + _headline(before))
+
+    # --- fit -----------------------------------------------------------------------------------------
+    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, batch_sampler, total_steps)
+
+    # --- validate and publish ------------------------------------------------------------------------
+    accelerator.print("after training:  " + _headline(final["metrics"]))
+    with publish_dir(accelerator, args.output_dir) as tmp:
+        if accelerator.is_main_process:
+            unwrapped = accelerator.unwrap_model(model)
+            task.save(unwrapped, tmp)
+            if args.export_dpr:
+                export_dpr(unwrapped.encoder("query"), q_tok, os.path.join(tmp, "dpr_question_encoder"), "query")
+                export_dpr(unwrapped.encoder("passage"), p_tok, os.path.join(tmp, "dpr_context_encoder"), "passage")
+    summary = {"metrics": final["metrics"], "metrics_before_training": before, "updates": state.step,
+               "skipped_fp16_updates": state.skipped_steps, "best_update": state.best_step,
+               "stopped_early": state.stopped_early, "train_seconds": round(state.train_seconds, 1),
+               "train_questions_per_second": round(state.samples_seen / max(state.train_seconds, 1e-9), 2),
+               "precision": accelerator.mixed_precision, "processes": accelerator.num_processes,
+               "pooling": args.pooling, "similarity": args.similarity, "temperature": args.temperature}
+    write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"), summary)
+    if accelerator.is_main_process:
+        with open(os.path.join(args.output_dir, "rankings.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in final["rankings"])
+    accelerator.print(f"saved encoders, eval_results.json and rankings.jsonl to {args.output_dir} "
+                      f"({summary['train_questions_per_second']} questions/s, {state.skipped_steps} skipped updates)")
+
+
+def _headline(m: dict) -> str:
+    return (f"top1 {m['top1']:.1f} top5 {m['top5']:.1f} top20 {m['top20']:.1f} MRR@10 {m['mrr@10']:.3f} "
+            f"mean rank {m['mean_rank']:.1f} in-batch avg rank {m['in_batch_avg_rank']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

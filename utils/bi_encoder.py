@@ -1,0 +1,106 @@
+"""The DPR bi-encoder: a question encoder and a passage encoder (or one shared), pooling, similarity,
+and the two on-disk formats users load it in (sentence-transformers directories; transformers' DPR).
+"""
+
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModel
+
+
+def sentence_transformers_defaults(model_name_or_path: str) -> tuple[str | None, bool | None]:
+    """(pooling, normalised) a sentence-transformers model was trained with, from its modules.json and
+    pooling config; (None, None) for a plain transformers checkpoint."""
+    from transformers.utils import cached_file
+
+    def read(name):
+        try:
+            path = cached_file(model_name_or_path, name, _raise_exceptions_for_missing_entries=False)
+        except OSError:
+            return None
+        return json.load(open(path)) if path else None
+
+    modules = read("modules.json")
+    if not modules:
+        return None, None
+    pooling_dir = next((m["path"] for m in modules if m["type"].endswith("Pooling")), None)
+    config = read(f"{pooling_dir}/config.json") if pooling_dir else None
+    pooling = None
+    if config:
+        pooling = "cls" if config.get("pooling_mode_cls_token") else "mean" if config.get("pooling_mode_mean_tokens") else None
+    return pooling, any(m["type"].endswith("Normalize") for m in modules)
+
+
+class BiEncoder(nn.Module):
+    """forward(query=..., passage=...) -> (query embeddings, passage embeddings); either side may be None.
+    One forward for both sides keeps every parameter in use under DDP."""
+
+    def __init__(self, query_encoder: nn.Module, passage_encoder: nn.Module | None, pooling: str, normalize: bool):
+        super().__init__()
+        self.query_encoder = query_encoder
+        self.passage_encoder = passage_encoder  # None: shared with the query encoder
+        self.pooling, self.normalize = pooling, normalize
+
+    @classmethod
+    def from_pretrained(cls, query_path, passage_path, shared: bool, pooling: str, normalize: bool):
+        query = AutoModel.from_pretrained(query_path)
+        passage = None if shared else AutoModel.from_pretrained(passage_path)
+        return cls(query, passage, pooling, normalize)
+
+    def encoder(self, side: str) -> nn.Module:
+        return self.query_encoder if side == "query" or self.passage_encoder is None else self.passage_encoder
+
+    def embed(self, side: str, inputs: dict) -> torch.Tensor:
+        hidden = self.encoder(side)(**inputs).last_hidden_state
+        if self.pooling == "cls":
+            emb = hidden[:, 0]
+        else:  # mean over real tokens
+            mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        emb = emb.float()  # similarities and the loss in fp32 whatever the autocast precision
+        return F.normalize(emb, dim=-1) if self.normalize else emb
+
+    def forward(self, query: dict | None = None, passage: dict | None = None):
+        return (self.embed("query", query) if query is not None else None,
+                self.embed("passage", passage) if passage is not None else None)
+
+
+def save_sentence_transformers_dir(encoder: nn.Module, tokenizer, directory: str, pooling: str, normalize: bool,
+                                   max_seq_length: int) -> None:
+    """A directory that loads in SentenceTransformer(dir) and AutoModel, embedding exactly as BiEncoder.embed."""
+    encoder.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        os.makedirs(os.path.join(directory, "2_Normalize"), exist_ok=True)
+    os.makedirs(os.path.join(directory, "1_Pooling"), exist_ok=True)
+    pooling_config = {"word_embedding_dimension": encoder.config.hidden_size,
+                      "pooling_mode_cls_token": pooling == "cls", "pooling_mode_mean_tokens": pooling == "mean",
+                      "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}
+    for name, obj in (("modules.json", modules), ("1_Pooling/config.json", pooling_config),
+                      ("sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})):
+        with open(os.path.join(directory, name), "w") as f:
+            json.dump(obj, f, indent=1)
+
+
+def export_dpr(encoder: nn.Module, tokenizer, directory: str, side: str) -> None:
+    """transformers' DPRQuestionEncoder / DPRContextEncoder (what Haystack 1.x loads). These pool the [CLS]
+    token with no projection, so only a BERT encoder trained with CLS pooling exports faithfully."""
+    from transformers import DPRConfig, DPRContextEncoder, DPRQuestionEncoder
+
+    bert = encoder.config.to_dict()
+    keep = {k: bert[k] for k in DPRConfig().to_dict() if k in bert and k not in ("model_type", "architectures")}
+    config = DPRConfig(**keep, projection_dim=0)
+    dpr = DPRQuestionEncoder(config) if side == "query" else DPRContextEncoder(config)
+    inner = dpr.question_encoder if side == "query" else dpr.ctx_encoder
+    state = {k: v for k, v in encoder.state_dict().items() if not k.startswith("pooler.")}
+    missing, unexpected = inner.bert_model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"DPR export: weights do not match (missing {missing}, unexpected {unexpected})")
+    dpr.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)

@@ -1,0 +1,81 @@
+"""Build DPR training data from any SQuAD-format file.
+
+    python -m utils.make_dpr_data squad.json --out dpr.json --passages passages.jsonl
+
+Every paragraph becomes a passage (passage_id "Title#paragraph_index"). Every answerable question
+becomes a DPR example: its own paragraph as the positive, the top BM25 paragraphs (question as the
+query, ranked with the bm25s library) that contain none of its answer strings as hard negatives,
+and random paragraphs without an answer string as negatives. Unanswerable questions have no
+positive and are left out.
+"""
+
+import argparse
+import json
+import random
+import sys
+
+import bm25s
+
+from utils.errors import UserError, exit_on_user_error
+from utils.squad_data import load_squad
+
+
+def build(examples: list[dict], num_hard_negatives: int, num_negatives: int, seed: int):
+    passages, pid_of = [], {}
+    per_title = {}
+    for ex in examples:
+        if (ex["title"], ex["context"]) not in pid_of:
+            idx = per_title.get(ex["title"], 0)
+            per_title[ex["title"]] = idx + 1
+            pid_of[(ex["title"], ex["context"])] = len(passages)
+            passages.append({"title": ex["title"], "text": ex["context"], "passage_id": f"{ex['title']}#{idx}"})
+    questions = [ex for ex in examples if ex["answers"]["text"]]
+    if not questions:
+        raise UserError("no answerable questions to build DPR examples from")
+
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize([f"{p['title']} {p['text']}" for p in passages], stopwords="en",
+                                   show_progress=False), show_progress=False)
+    depth = min(len(passages), num_hard_negatives + 50)
+    hits, scores = retriever.retrieve(bm25s.tokenize([q["question"] for q in questions], stopwords="en",
+                                                     show_progress=False), k=depth, show_progress=False)
+    rng = random.Random(seed)
+    out = []
+    for q, ranked, ranked_scores in zip(questions, hits, scores):
+        gold = pid_of[(q["title"], q["context"])]
+        answers = [a.lower() for a in q["answers"]["text"]]
+        no_answer = lambda p: not any(a in passages[p]["text"].lower() for a in answers)  # noqa: E731
+        hard = [(int(p), float(s)) for p, s in zip(ranked, ranked_scores) if p != gold and s > 0 and no_answer(p)]
+        hard = hard[:num_hard_negatives]
+        taken = {gold} | {p for p, _ in hard}
+        candidates = [p for p in range(len(passages)) if p not in taken and no_answer(p)]
+        negatives = rng.sample(candidates, min(num_negatives, len(candidates)))
+        out.append({"dataset": "squad", "id": q["id"], "question": q["question"], "answers": q["answers"]["text"],
+                    "positive_ctxs": [passages[gold]],
+                    "negative_ctxs": [passages[p] for p in negatives],
+                    "hard_negative_ctxs": [{**passages[p], "score": round(s, 4)} for p, s in hard]})
+    return out, passages
+
+
+@exit_on_user_error
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], prog="python -m utils.make_dpr_data")
+    parser.add_argument("squad_files", nargs="+", help="SQuAD v1.1/v2.0 JSON (or flattened) files")
+    parser.add_argument("--out", required=True, help="DPR JSON to write")
+    parser.add_argument("--passages", help="also write every paragraph as JSON lines (the retrieval corpus)")
+    parser.add_argument("--num_hard_negatives", type=int, default=2, help="BM25 hard negatives per question")
+    parser.add_argument("--num_negatives", type=int, default=1, help="random negatives per question")
+    parser.add_argument("--seed", type=int, default=13)
+    args = parser.parse_args(argv)
+    examples = [ex for path in args.squad_files for ex in load_squad(path)[0]]
+    data, passages = build(examples, args.num_hard_negatives, args.num_negatives, args.seed)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, ensure_ascii=False)
+    if args.passages:
+        with open(args.passages, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(p, ensure_ascii=False) + "\n" for p in passages)
+    print(f"{args.out}: {len(data)} questions, {len(passages)} passages", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
