@@ -37,7 +37,8 @@ from transformers import AutoTokenizer
 
 from utils.args import TrainArgs, arg, packaged_minilm, parse_args
 from utils.batching import LengthGroupedBatchSampler
-from utils.bi_encoder import BiEncoder, export_dpr, save_sentence_transformers_dir, sentence_transformers_defaults
+from utils.bi_encoder import (BiEncoder, encoder_state, export_dpr, save_sentence_transformers_dir,
+                              sentence_transformers_defaults)
 from utils.dpr_data import evaluation_corpus, key_hash, load_dpr, load_passages, passage_key, training_passages
 from utils.dpr_loss import dpr_loss, global_loss, grad_cache_step
 from utils.errors import UserError, exit_on_user_error
@@ -202,11 +203,16 @@ class DPRTask(Task):
             ranks.append(dpr_loss(q_emb[s:s + bs], p, keys, 1.0)[1].float())
         return float(torch.cat(ranks).mean())
 
-    def save(self, model, directory):
+    def save(self, model, directory, state_dict):
         for side, tok in (("query", self.q_tok), ("passage", self.p_tok)):
             max_len = self.args.max_query_length if side == "query" else self.args.max_passage_length
-            save_sentence_transformers_dir(model.encoder(side), tok, os.path.join(directory, f"{side}_encoder"),
-                                           self.args.pooling, self.args.similarity == "cosine", max_len)
+            save_sentence_transformers_dir(model.encoder(side), encoder_state(model, state_dict, side), tok,
+                                           os.path.join(directory, f"{side}_encoder"), self.args.pooling,
+                                           self.args.similarity == "cosine", max_len)
+            if self.args.export_dpr:
+                export_dpr(model.encoder(side), encoder_state(model, state_dict, side), tok,
+                           os.path.join(directory, "dpr_question_encoder" if side == "query" else "dpr_context_encoder"),
+                           side)
 
     def load(self, model, directory):
         for side in ("query", "passage"):
@@ -281,13 +287,10 @@ def main(argv=None):
 
     # --- validate and publish ------------------------------------------------------------------------
     accelerator.print("after training:  " + _headline(final["metrics"]))
+    state_dict = accelerator.get_state_dict(model)  # every process: gathers FSDP/DeepSpeed shards
     with publish_dir(accelerator, args.output_dir) as tmp:
         if accelerator.is_main_process:
-            unwrapped = accelerator.unwrap_model(model)
-            task.save(unwrapped, tmp)
-            if args.export_dpr:
-                export_dpr(unwrapped.encoder("query"), q_tok, os.path.join(tmp, "dpr_question_encoder"), "query")
-                export_dpr(unwrapped.encoder("passage"), p_tok, os.path.join(tmp, "dpr_context_encoder"), "passage")
+            task.save(accelerator.unwrap_model(model), tmp, state_dict)
     summary = {"metrics": final["metrics"], "metrics_before_training": before, "updates": state.step,
                "skipped_fp16_updates": state.skipped_steps, "best_update": state.best_step,
                "stopped_early": state.stopped_early, "train_seconds": round(state.train_seconds, 1),

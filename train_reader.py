@@ -172,8 +172,8 @@ class ReaderTask(Task):
         metrics["null_threshold"] = threshold
         return {"metrics": metrics, "predictions": predictions, "decoded": decoded}
 
-    def save(self, model, directory):
-        model.save_pretrained(directory, safe_serialization=True)  # fp32 master weights
+    def save(self, model, directory, state_dict):
+        model.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)  # fp32 master weights
         self.tokenizer.save_pretrained(directory)
 
     def load(self, model, directory):
@@ -243,9 +243,10 @@ def main(argv=None):
                "train_windows_per_second": round(state.samples_seen / max(state.train_seconds, 1e-9), 2),
                "precision": accelerator.mixed_precision, "processes": accelerator.num_processes,
                "predictions_null_threshold": final["metrics"].get("null_threshold")}
+    state_dict = accelerator.get_state_dict(model)  # every process: gathers FSDP/DeepSpeed shards
     with publish_dir(accelerator, args.output_dir) as tmp:
         if accelerator.is_main_process:
-            task.save(accelerator.unwrap_model(model), tmp)
+            task.save(accelerator.unwrap_model(model), tmp, state_dict)
     write_json(accelerator, os.path.join(args.output_dir, "predictions.json"), final["predictions"])
     write_json(accelerator, os.path.join(args.output_dir, "null_scores.json"),
                {i: d["null_minus_best"] for i, d in final["decoded"].items()})

@@ -68,10 +68,16 @@ class BiEncoder(nn.Module):
                 self.embed("passage", passage) if passage is not None else None)
 
 
-def save_sentence_transformers_dir(encoder: nn.Module, tokenizer, directory: str, pooling: str, normalize: bool,
-                                   max_seq_length: int) -> None:
+def encoder_state(model: BiEncoder, state_dict: dict, side: str) -> dict:
+    """The weights of one side's encoder out of the whole bi-encoder's state dict."""
+    prefix = "query_encoder." if side == "query" or model.passage_encoder is None else "passage_encoder."
+    return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+
+
+def save_sentence_transformers_dir(encoder: nn.Module, state_dict: dict, tokenizer, directory: str, pooling: str,
+                                   normalize: bool, max_seq_length: int) -> None:
     """A directory that loads in SentenceTransformer(dir) and AutoModel, embedding exactly as BiEncoder.embed."""
-    encoder.save_pretrained(directory, safe_serialization=True)
+    encoder.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
@@ -88,7 +94,7 @@ def save_sentence_transformers_dir(encoder: nn.Module, tokenizer, directory: str
             json.dump(obj, f, indent=1)
 
 
-def export_dpr(encoder: nn.Module, tokenizer, directory: str, side: str) -> None:
+def export_dpr(encoder: nn.Module, state_dict: dict, tokenizer, directory: str, side: str) -> None:
     """transformers' DPRQuestionEncoder / DPRContextEncoder (what Haystack 1.x loads). These pool the [CLS]
     token with no projection, so only a BERT encoder trained with CLS pooling exports faithfully."""
     from transformers import DPRConfig, DPRContextEncoder, DPRQuestionEncoder
@@ -98,7 +104,7 @@ def export_dpr(encoder: nn.Module, tokenizer, directory: str, side: str) -> None
     config = DPRConfig(**keep, projection_dim=0)
     dpr = DPRQuestionEncoder(config) if side == "query" else DPRContextEncoder(config)
     inner = dpr.question_encoder if side == "query" else dpr.ctx_encoder
-    state = {k: v for k, v in encoder.state_dict().items() if not k.startswith("pooler.")}
+    state = {k: v for k, v in state_dict.items() if not k.startswith("pooler.")}
     missing, unexpected = inner.bert_model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise RuntimeError(f"DPR export: weights do not match (missing {missing}, unexpected {unexpected})")

@@ -44,6 +44,10 @@ def setup(args) -> Accelerator:
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per saved file is noise
     warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
 
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and accelerator.num_processes == 1:
+        raise UserError(f"{launched} processes were launched but Accelerate is not distributing them (no GPU found), "
+                        "so each would train alone: on CPUs set ACCELERATE_USE_CPU=1 (MULTI_CPU, gloo)")
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
         raise UserError("fp16 mixed precision needs a GPU: on a CPU Accelerate would silently train in fp32. "
                         "Use --mixed_precision bf16 (CPUs with AVX512-BF16/AMX run it fast) or 'no'.")

@@ -45,8 +45,9 @@ class Task:
         """Run evaluation; return a dict with at least 'metrics' (flat name -> float)."""
         raise NotImplementedError
 
-    def save(self, model, directory: str) -> None:
-        """Write the unwrapped fp32 model to `directory` (main process only)."""
+    def save(self, model, directory: str, state_dict: dict) -> None:
+        """Write the unwrapped model with the full fp32 `state_dict` (from accelerator.get_state_dict, which
+        gathers FSDP/DeepSpeed shards) to `directory`. Called on the main process only."""
         raise NotImplementedError
 
     def load(self, model, directory: str) -> None:
@@ -228,8 +229,9 @@ def _evaluate_and_track(accelerator, args, task, model, state, best_dir, final=F
     if state.best_metric is None or value > state.best_metric:
         state.best_metric, state.best_step, state.evals_without_improvement = value, state.step, 0
         if not final and args.eval_steps:  # only intermediate bests need a copy on disk
+            state_dict = accelerator.get_state_dict(model)  # a collective under FSDP/DeepSpeed: every process
             if accelerator.is_main_process:
-                task.save(accelerator.unwrap_model(model), best_dir + ".tmp")
+                task.save(accelerator.unwrap_model(model), best_dir + ".tmp", state_dict)
                 replace_dir(best_dir + ".tmp", best_dir)
             accelerator.wait_for_everyone()
     elif not final:

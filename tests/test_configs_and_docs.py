@@ -1,0 +1,51 @@
+"""accelerate_configs/ load with Accelerate's own loader; every flag of both scripts is documented."""
+
+import dataclasses
+import glob
+import os
+
+import pytest
+from accelerate.commands.config.config_args import load_config_from_file
+
+from conftest import ROOT
+
+EXPECTED = {  # file -> (distributed type, processes, mixed precision, cpu)
+    "default.yaml": ("NO", 1, "no", False),
+    "single_gpu.yaml": ("NO", 1, "fp16", False),
+    "multi_gpu.yaml": ("MULTI_GPU", 4, "bf16", False),
+    "multi_node.yaml": ("MULTI_GPU", 8, "bf16", False),
+    "fsdp.yaml": ("FSDP", 4, "bf16", False),
+    "deepspeed_zero2.yaml": ("DEEPSPEED", 4, "bf16", False),
+    "multi_cpu.yaml": ("MULTI_CPU", 2, "bf16", True),
+}
+
+
+def test_every_layout_has_a_config():
+    assert sorted(os.path.basename(p) for p in glob.glob(f"{ROOT}/accelerate_configs/*.yaml")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_config_loads_with_accelerate_and_has_the_fields_that_matter(name):
+    path = f"{ROOT}/accelerate_configs/{name}"
+    config = load_config_from_file(path)
+    dist, processes, precision, cpu = EXPECTED[name]
+    assert (config.distributed_type.value, config.num_processes, str(config.mixed_precision), config.use_cpu) == \
+        (dist, processes, precision, cpu)
+    first = open(path).read().splitlines()
+    assert first[0].startswith("#") and any(line.lstrip("# ").startswith(("accelerate launch", "ACCELERATE_USE_CPU"))
+                                            for line in first[:8]), "each file starts with its launch command"
+    if name == "multi_node.yaml":
+        assert config.num_machines == 2 and config.main_process_ip and config.main_process_port
+    if name == "fsdp.yaml":
+        assert config.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    if name == "deepspeed_zero2.yaml":
+        assert config.deepspeed_config["zero_stage"] == 2
+
+
+def test_every_flag_is_in_the_readme():
+    from train_dpr import DPRArgs
+    from train_reader import ReaderArgs
+
+    readme = open(f"{ROOT}/README.md").read()
+    missing = [f.name for cls in (ReaderArgs, DPRArgs) for f in dataclasses.fields(cls) if f"`--{f.name}`" not in readme]
+    assert not missing
