@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer
@@ -145,7 +146,13 @@ class ReaderTask(Task):
         self.with_no_answer = with_no_answer
 
     def compute_loss(self, model, batch):
-        return model(**batch).loss  # mean of start and end cross-entropy
+        """Mean of the start and end cross-entropies over real tokens only. (transformers' own QA loss also
+        spreads probability over padding, so it would change with each batch's padded width.)"""
+        labels = (batch["start_positions"], batch["end_positions"])
+        out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
+        padding = batch["attention_mask"] == 0
+        return sum(F.cross_entropy(logits.float().masked_fill(padding, -1e4), target)
+                   for logits, target in zip((out.start_logits, out.end_logits), labels)) / 2
 
     def evaluate(self, model) -> dict:
         acc, starts, ends = self.accelerator, [], []
