@@ -43,7 +43,7 @@ from utils.dpr_data import evaluation_corpus, key_hash, load_dpr, load_passages,
 from utils.dpr_loss import dpr_loss, global_loss, grad_cache_step
 from utils.errors import UserError, exit_on_user_error
 from utils.retrieval_metrics import gold_ranks, retrieval_metrics, top_passages
-from utils.runtime import publish_dir, setup, write_json
+from utils.runtime import finish, peak_memory_mb, publish_dir, setup, write_json
 from utils.training import Task, build_optimizer, build_scheduler, fit, plan_steps
 
 logger = logging.getLogger("qa-amp")
@@ -296,6 +296,7 @@ def main(argv=None):
                "stopped_early": state.stopped_early, "train_seconds": round(state.train_seconds, 1),
                "train_questions_per_second": round(state.samples_seen / max(state.train_seconds, 1e-9), 2),
                "precision": accelerator.mixed_precision, "processes": accelerator.num_processes,
+               "peak_memory_mb": peak_memory_mb(accelerator),
                "pooling": args.pooling, "similarity": args.similarity, "temperature": args.temperature}
     write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"), summary)
     if accelerator.is_main_process:
@@ -303,6 +304,7 @@ def main(argv=None):
             f.writelines(json.dumps(r) + "\n" for r in final["rankings"])
     accelerator.print(f"saved encoders, eval_results.json and rankings.jsonl to {args.output_dir} "
                       f"({summary['train_questions_per_second']} questions/s, {state.skipped_steps} skipped updates)")
+    finish(accelerator)
 
 
 def _headline(m: dict) -> str:

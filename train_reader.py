@@ -39,7 +39,7 @@ from utils.features_cache import cached_map
 from utils.qa_decoding import apply_null_threshold, decode_predictions
 from utils.qa_features import check_tokenizer, prepare_eval_features, prepare_train_features
 from utils.qa_metrics import best_null_threshold, squad_metrics
-from utils.runtime import publish_dir, setup, write_json
+from utils.runtime import finish, peak_memory_mb, publish_dir, setup, write_json
 from utils.squad_data import is_impossible, load_squad, split_by_article
 from utils.training import Task, build_optimizer, build_scheduler, fit, plan_steps
 
@@ -61,6 +61,8 @@ class ReaderArgs(TrainArgs):
                                       "network access.")
     dataset_config_name: Optional[str] = arg(None, "Config of --dataset_name.")
     max_seq_length: int = arg(384, "Tokens per window (question + context + special tokens).")
+    pad_to_max_length: bool = arg(False, "Pad every window to --max_seq_length (static shapes) instead of to the "
+                                  "longest in the batch. Slower; for hardware that recompiles on new shapes.")
     doc_stride: int = arg(128, "Overlap in tokens between consecutive windows of a long context.")
     max_query_length: int = arg(64, "Questions are cut to this many tokens.")
     n_best_size: int = arg(20, "Start and end candidates per window in span decoding.")
@@ -210,7 +212,8 @@ def main(argv=None):
                 "v2 (with unanswerable questions)" if with_no_answer else "v1.1")
 
     inputs = [c for c in MODEL_INPUTS if c in train_features.column_names]
-    collate = lambda rows: pad_batch(rows, tokenizer.pad_token_id)  # noqa: E731
+    pad_to = args.max_seq_length if args.pad_to_max_length else 8
+    collate = lambda rows: pad_batch(rows, tokenizer.pad_token_id, multiple=pad_to)  # noqa: E731
     batch_sampler = LengthGroupedBatchSampler([len(x) for x in train_features["input_ids"]],
                                               args.per_device_train_batch_size, args.seed, args.group_by_length)
     train_loader = DataLoader(train_features.select_columns(inputs + ["start_positions", "end_positions"]),
@@ -249,6 +252,7 @@ def main(argv=None):
                "stopped_early": state.stopped_early, "train_seconds": round(state.train_seconds, 1),
                "train_windows_per_second": round(state.samples_seen / max(state.train_seconds, 1e-9), 2),
                "precision": accelerator.mixed_precision, "processes": accelerator.num_processes,
+               "peak_memory_mb": peak_memory_mb(accelerator),
                "predictions_null_threshold": final["metrics"].get("null_threshold")}
     state_dict = accelerator.get_state_dict(model)  # every process: gathers FSDP/DeepSpeed shards
     with publish_dir(accelerator, args.output_dir) as tmp:
@@ -260,6 +264,7 @@ def main(argv=None):
     write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"), summary)
     accelerator.print(f"saved model, predictions.json and eval_results.json to {args.output_dir} "
                       f"({summary['train_windows_per_second']} train windows/s, {state.skipped_steps} skipped updates)")
+    finish(accelerator)
 
 
 def _headline(m: dict) -> str:

@@ -26,20 +26,29 @@ def tokenizer(minilm_dir):
     return AutoTokenizer.from_pretrained(minilm_dir)
 
 
-@pytest.fixture(scope="session")
-def tiny_bert_dir(tmp_path_factory, tokenizer):
+def _tiny_bert(path, tokenizer, dropout):
     """A 2-layer, 64-wide BERT with the MiniLM vocabulary: real code paths, seconds per run."""
+    import torch
     from transformers import BertConfig, BertModel
 
-    path = tmp_path_factory.mktemp("tiny-bert")
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=128, max_position_embeddings=512)
-    import torch
-
+                        intermediate_size=128, max_position_embeddings=512, hidden_dropout_prob=dropout,
+                        attention_probs_dropout_prob=dropout)
     torch.manual_seed(0)
     BertModel(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory, tokenizer):
+    return _tiny_bert(tmp_path_factory.mktemp("tiny-bert"), tokenizer, dropout=0.1)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_no_dropout_dir(tmp_path_factory, tokenizer):
+    """Without dropout, runs that split the same global batch differently must compute the same thing."""
+    return _tiny_bert(tmp_path_factory.mktemp("tiny-bert-nodrop"), tokenizer, dropout=0.0)
 
 
 def run_script(script, *args, launcher=None, env=None, check=True, timeout=600):

@@ -11,11 +11,13 @@ import json
 import logging
 import os
 import re
+import resource
 import shutil
 import warnings
 from contextlib import contextmanager
 
 import datasets
+import torch
 import transformers
 from accelerate import Accelerator
 from accelerate.utils import set_seed
@@ -61,6 +63,19 @@ def setup(args) -> Accelerator:
         f"x{accelerator.num_processes} processes = {effective} per update, output_dir={args.output_dir}"
     )
     return accelerator
+
+
+def peak_memory_mb(accelerator) -> float:
+    """Peak memory of this process: CUDA max allocated on a GPU, peak resident set size on a CPU."""
+    if accelerator.device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(accelerator.device) / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux reports KiB
+
+
+def finish(accelerator) -> None:
+    """End of a run: every process reaches this point before trackers close and the process group goes."""
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
 
 
 def checkpoint_dir(args) -> str:

@@ -194,7 +194,6 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
                     args.metric_for_best_model, state.best_metric)
         task.load(accelerator.unwrap_model(model), best_dir)
         final = task.evaluate(model)
-    accelerator.end_training()
     return state, final
 
 
@@ -203,6 +202,7 @@ def _log_window(accelerator, state, scheduler, window, scaler, progress, log_pat
     loss = accelerator.reduce(loss, reduction="mean").item()  # every process computes its own
     elapsed = time.perf_counter() - window["t0"]
     record = {"step": state.step, "epoch": state.epoch, "loss": round(loss, 5), "lr": scheduler.get_last_lr()[0],
+              "window_s": round(elapsed, 3),
               "samples_per_s": round(window["samples"] / elapsed, 2), "tokens_per_s": round(window["tokens"] / elapsed),
               "skipped_steps": state.skipped_steps}
     if scaler is not None:
