@@ -131,6 +131,7 @@ def save_checkpoint(accelerator, args, step: int, loop_state: dict) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(tmp)  # model, optimizer, scheduler, loss scaler, RNG of every process
+    accelerator.wait_for_everyone()  # every process has written its RNG state before the rename
     if accelerator.is_main_process:
         with open(os.path.join(tmp, "loop_state.json"), "w") as f:
             json.dump(loop_state, f, indent=1)  # human-readable copy; the pickled one is what load_state uses

@@ -149,7 +149,7 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
             with accelerator.accumulate(model):
                 loss = task.train_step(accelerator, model, batch)
                 state.batch_in_epoch += 1
-                window["loss"] += loss.float().item()
+                window["loss"] += loss.float()  # a tensor: no device sync until the next log line
                 window["micro"] += 1
                 window["samples"] += task.samples_in(batch) * accelerator.num_processes
                 state.samples_seen += task.samples_in(batch) * accelerator.num_processes
@@ -198,7 +198,7 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
 
 
 def _log_window(accelerator, state, scheduler, window, scaler, progress, log_path):
-    loss = torch.tensor(window["loss"] / max(window["micro"], 1), device=accelerator.device)
+    loss = torch.as_tensor(window["loss"] / max(window["micro"], 1), device=accelerator.device)
     loss = accelerator.reduce(loss, reduction="mean").item()  # every process computes its own
     elapsed = time.perf_counter() - window["t0"]
     record = {"step": state.step, "epoch": state.epoch, "loss": round(loss, 5), "lr": scheduler.get_last_lr()[0],

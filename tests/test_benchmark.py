@@ -1,0 +1,26 @@
+"""The AMP benchmark runs end to end (tiny model, sample data) and writes its table, CSV and plot."""
+
+import csv
+
+from conftest import SAMPLE, run_script
+
+
+def test_benchmark_writes_table_csv_and_plot(tiny_bert_dir, tmp_path):
+    out = tmp_path / "results"
+    run_script("benchmarks/amp_benchmark.py", "--model", tiny_bert_dir, "--steps", 4, "--warmup_steps", 2,
+               "--batch_size", 8, "--batching_modes", "--out", out,
+               "--squad_train", f"{SAMPLE}/train.json", "--squad_dev", f"{SAMPLE}/dev.json",
+               "--dpr_train", f"{SAMPLE}/dpr_train.json", "--dpr_dev", f"{SAMPLE}/dpr_dev.json",
+               "--dpr_passages", f"{SAMPLE}/dpr_passages.jsonl")
+    rows = list(csv.DictReader(open(out / "amp_cpu.csv")))
+    assert [(r["task"], r["precision"], r["mode"]) for r in rows] == [
+        ("reader", "no", ""), ("reader", "bf16", ""), ("dpr", "no", ""), ("dpr", "bf16", ""),
+        ("reader", "bf16", "pad to max_seq_length"), ("reader", "bf16", "pad to batch max"),
+        ("reader", "bf16", "length-grouped")]
+    for r in rows:
+        assert float(r["samples_per_s"]) > 0 and float(r["peak_memory_mb"]) > 0
+    padded, grouped = rows[4], rows[6]
+    assert float(padded["tokens_per_s"]) > 0 and float(grouped["tokens_per_s"]) > 0
+    md = (out / "amp_cpu.md").read_text()
+    assert md.startswith("Machine: ") and "| task |" in md
+    assert (out / "amp_cpu.png").read_bytes()[:4] == b"\x89PNG"
