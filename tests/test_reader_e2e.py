@@ -125,3 +125,14 @@ def test_refuses_to_overwrite_checkpoints_without_resume(tiny_bert_dir, tmp_path
     proc = run_script("train_reader.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 2), check=False)
     assert proc.returncode == 2 and "--resume_from_checkpoint latest" in proc.stderr
     assert os.path.isdir(os.path.join(out, "checkpoints", "step_2"))
+
+
+def test_best_model_is_restored_when_the_last_evaluation_is_not_the_best(tiny_bert_dir, tmp_path):
+    # "total" never increases, so the first evaluation stays the best and the end must restore it.
+    out = str(tmp_path / "best")
+    proc = run_script("train_reader.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 6, "--eval_steps", 2,
+                                                    "--metric_for_best_model", "total"))
+    assert "restoring the best model (update 2" in proc.stderr
+    results = json.load(open(os.path.join(out, "eval_results.json")))
+    assert results["best_update"] == 2 and results["updates"] == 6
+    assert_same_weights(os.path.join(out, "best_model", "model.safetensors"), os.path.join(out, "model.safetensors"))

@@ -193,7 +193,9 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
         logger.info("restoring the best model (update %d, %s=%.4f) over the last one", state.best_step,
                     args.metric_for_best_model, state.best_metric)
         task.load(accelerator.unwrap_model(model), best_dir)
-        final = task.evaluate(model)
+        model.eval()
+        with torch.no_grad():
+            final = task.evaluate(model)
     return state, final
 
 
