@@ -193,9 +193,9 @@ class DPRTask(Task):
         return {"metrics": metrics, "rankings": rankings}
 
     def _in_batch_rank(self, q_emb, p_emb) -> float:
-        """Haystack's in-batch metric: the positive's rank among the passages of its training-style batch
-        (the batch's positives and hard negatives), averaged over dev questions."""
-        bs, ranks = self.args.per_device_train_batch_size, []
+        """Haystack's in-batch metric: the positive's rank among the passages of its training-style global
+        batch (the batch's positives and hard negatives), averaged over dev questions."""
+        bs, ranks = self.args.per_device_train_batch_size * self.accelerator.num_processes, []
         for s in range(0, len(self.dev), bs):
             ctxs = [c for group in self.dev_passages[s:s + bs] for c in group]
             p = p_emb[[self.corpus_index[passage_key(c)] for c in ctxs]]

@@ -48,6 +48,10 @@ class BiEncoder(nn.Module):
     def from_pretrained(cls, query_path, passage_path, shared: bool, pooling: str, normalize: bool):
         query = AutoModel.from_pretrained(query_path)
         passage = None if shared else AutoModel.from_pretrained(passage_path)
+        for encoder in (query, passage):
+            for name, param in (encoder.named_parameters() if encoder is not None else ()):
+                if name.startswith("pooler."):  # BERT's pooler is not part of either pooling: never trained,
+                    param.requires_grad_(False)  # and DDP refuses parameters that get no gradient
         return cls(query, passage, pooling, normalize)
 
     def encoder(self, side: str) -> nn.Module:
