@@ -69,10 +69,10 @@ def run(task, precision, args, out_dir, extra=()):
                "--passages", args.dpr_passages, "--max_passage_length", args.max_seq_length]
         if args.model:
             cmd += ["--query_model_name_or_path", args.model, "--passage_model_name_or_path", args.model]
-    cmd = [sys.executable, os.path.join(ROOT, cmd[0]), *map(str, cmd[1:]),
-           "--output_dir", out_dir, "--overwrite_output_dir", "--mixed_precision", precision,
-           "--max_train_steps", args.steps, "--logging_steps", args.warmup_steps, "--eval_before_training", "false",
-           "--per_device_train_batch_size", args.batch_size, "--seed", args.seed, *map(str, extra)]
+    cmd += ["--output_dir", out_dir, "--overwrite_output_dir", "--mixed_precision", precision,
+            "--max_train_steps", args.steps, "--logging_steps", args.warmup_steps, "--eval_before_training", "false",
+            "--per_device_train_batch_size", args.batch_size, "--seed", args.seed, *extra]
+    cmd = [sys.executable, os.path.join(ROOT, cmd[0]), *map(str, cmd[1:])]
     print("$", " ".join(map(str, cmd)), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     results = json.load(open(os.path.join(out_dir, "eval_results.json")))
