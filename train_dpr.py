@@ -43,8 +43,9 @@ from utils.dpr_data import evaluation_corpus, key_hash, load_dpr, load_passages,
 from utils.dpr_loss import dpr_loss, global_loss, grad_cache_step
 from utils.errors import UserError, exit_on_user_error
 from utils.retrieval_metrics import gold_ranks, retrieval_metrics, top_passages
-from utils.runtime import finish, peak_memory_mb, publish_dir, setup, write_json
-from utils.training import Task, build_optimizer, build_scheduler, fit, plan_steps
+from utils.runtime import finish, publish_dir, setup, write_json
+from utils.training import (Task, build_optimizer, build_scheduler, evaluate_before_training, fit, plan_steps,
+                            run_summary)
 
 logger = logging.getLogger("qa-amp")
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
@@ -275,12 +276,7 @@ def main(argv=None):
     scheduler = build_scheduler(optimizer, args, total_steps)
     task = DPRTask(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages)
 
-    before = None
-    if args.eval_before_training and not args.resume_from_checkpoint:
-        model.eval()
-        with torch.no_grad():
-            before = task.evaluate(model)["metrics"]
-        accelerator.print("before training: " + _headline(before))
+    before = evaluate_before_training(accelerator, args, task, model, _headline)
 
     # --- fit -----------------------------------------------------------------------------------------
     state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, batch_sampler, total_steps)
@@ -291,13 +287,8 @@ def main(argv=None):
     with publish_dir(accelerator, args.output_dir) as tmp:
         if accelerator.is_main_process:
             task.save(accelerator.unwrap_model(model), tmp, state_dict)
-    summary = {"metrics": final["metrics"], "metrics_before_training": before, "updates": state.step,
-               "skipped_fp16_updates": state.skipped_steps, "best_update": state.best_step,
-               "stopped_early": state.stopped_early, "train_seconds": round(state.train_seconds, 1),
-               "train_questions_per_second": round(state.samples_seen / max(state.train_seconds, 1e-9), 2),
-               "precision": accelerator.mixed_precision, "processes": accelerator.num_processes,
-               "peak_memory_mb": peak_memory_mb(accelerator),
-               "pooling": args.pooling, "similarity": args.similarity, "temperature": args.temperature}
+    summary = run_summary(accelerator, state, final, before, "questions")
+    summary.update(pooling=args.pooling, similarity=args.similarity, temperature=args.temperature)
     write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"), summary)
     if accelerator.is_main_process:
         with open(os.path.join(args.output_dir, "rankings.jsonl"), "w") as f:

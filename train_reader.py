@@ -39,9 +39,10 @@ from utils.features_cache import cached_map
 from utils.qa_decoding import apply_null_threshold, decode_predictions
 from utils.qa_features import check_tokenizer, prepare_eval_features, prepare_train_features
 from utils.qa_metrics import best_null_threshold, squad_metrics
-from utils.runtime import finish, peak_memory_mb, publish_dir, setup, write_json
+from utils.runtime import finish, publish_dir, setup, write_json
 from utils.squad_data import is_impossible, load_squad, split_by_article
-from utils.training import Task, build_optimizer, build_scheduler, fit, plan_steps
+from utils.training import (Task, build_optimizer, build_scheduler, evaluate_before_training, fit, plan_steps,
+                            run_summary)
 
 logger = logging.getLogger("qa-amp")
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
@@ -235,25 +236,15 @@ def main(argv=None):
     scheduler = build_scheduler(optimizer, args, total_steps)
     task = ReaderTask(accelerator, args, tokenizer, dev_examples, dev_features, dev_loader, with_no_answer)
 
-    before = None
-    if args.eval_before_training and not args.resume_from_checkpoint:
-        model.eval()
-        with torch.no_grad():
-            before = task.evaluate(model)["metrics"]
-        accelerator.print("before training: " + _headline(before))
+    before = evaluate_before_training(accelerator, args, task, model, _headline)
 
     # --- fit -----------------------------------------------------------------------------------------
     state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, batch_sampler, total_steps)
 
     # --- validate and publish ------------------------------------------------------------------------
     accelerator.print("after training:  " + _headline(final["metrics"]))
-    summary = {"metrics": final["metrics"], "metrics_before_training": before, "updates": state.step,
-               "skipped_fp16_updates": state.skipped_steps, "best_update": state.best_step,
-               "stopped_early": state.stopped_early, "train_seconds": round(state.train_seconds, 1),
-               "train_windows_per_second": round(state.samples_seen / max(state.train_seconds, 1e-9), 2),
-               "precision": accelerator.mixed_precision, "processes": accelerator.num_processes,
-               "peak_memory_mb": peak_memory_mb(accelerator),
-               "predictions_null_threshold": final["metrics"].get("null_threshold")}
+    summary = run_summary(accelerator, state, final, before, "windows")
+    summary["predictions_null_threshold"] = final["metrics"].get("null_threshold")
     state_dict = accelerator.get_state_dict(model)  # every process: gathers FSDP/DeepSpeed shards
     with publish_dir(accelerator, args.output_dir) as tmp:
         if accelerator.is_main_process:

@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -85,6 +85,34 @@ class LoopState:
     def load_state_dict(self, state):
         for key, value in state.items():
             setattr(self, key, value)
+
+
+def evaluate(task: Task, model) -> dict:
+    """task.evaluate in eval mode without autograd (dropout off, no graph, fp32 outputs)."""
+    model.eval()
+    with torch.no_grad():
+        return task.evaluate(model)
+
+
+def evaluate_before_training(accelerator, args, task: Task, model, headline) -> dict | None:
+    """The starting model's metrics, so the gain from training is visible (not when resuming)."""
+    if not args.eval_before_training or args.resume_from_checkpoint:
+        return None
+    metrics = evaluate(task, model)["metrics"]
+    accelerator.print("before training: " + headline(metrics))
+    return metrics
+
+
+def run_summary(accelerator, state: LoopState, final: dict, before: dict | None, samples_name: str) -> dict:
+    """What eval_results.json records about a run, the same for both scripts."""
+    from utils.runtime import peak_memory_mb
+
+    return {"metrics": final["metrics"], "metrics_before_training": before, "updates": state.step,
+            "skipped_fp16_updates": state.skipped_steps, "best_update": state.best_step,
+            "stopped_early": state.stopped_early, "train_seconds": round(state.train_seconds, 1),
+            f"train_{samples_name}_per_second": round(state.samples_seen / max(state.train_seconds, 1e-9), 2),
+            "precision": accelerator.mixed_precision, "processes": accelerator.num_processes,
+            "peak_memory_mb": peak_memory_mb(accelerator)}
 
 
 def build_optimizer(model, args) -> torch.optim.Optimizer:
@@ -193,9 +221,7 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
         logger.info("restoring the best model (update %d, %s=%.4f) over the last one", state.best_step,
                     args.metric_for_best_model, state.best_metric)
         task.load(accelerator.unwrap_model(model), best_dir)
-        model.eval()
-        with torch.no_grad():
-            final = task.evaluate(model)
+        final = evaluate(task, model)
     return state, final
 
 
@@ -218,9 +244,7 @@ def _log_window(accelerator, state, scheduler, window, scaler, progress, log_pat
 
 
 def _evaluate_and_track(accelerator, args, task, model, state, best_dir, final=False) -> dict:
-    model.eval()
-    with torch.no_grad():
-        result = task.evaluate(model)
+    result = evaluate(task, model)
     metrics = result["metrics"]
     accelerator.log({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=state.step)
     accelerator.print(f"eval @ update {state.step}: " + " ".join(
