@@ -84,3 +84,11 @@ def assert_same_weights(file_a, file_b):
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), f"{key} differs by {(a[key] - b[key]).abs().max()}"
+
+
+def assert_user_error(proc, expected):
+    """A user error: exit status 2, exactly one `error:` line containing `expected`, no traceback."""
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and expected in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr

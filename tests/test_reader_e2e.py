@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import SAMPLE, assert_same_weights, run_killed_at_checkpoint, run_script
+from conftest import SAMPLE, assert_same_weights, assert_user_error, run_killed_at_checkpoint, run_script
 
 
 def tiny_args(model_dir, out, *extra):
@@ -112,10 +112,7 @@ def no_answer_in_context(tmp_path):
 def test_bad_input_is_one_line_nonzero_exit_and_no_model(tmp_path, make_args, expected):
     out = tmp_path / "out"
     proc = run_script("train_reader.py", "--output_dir", out, *make_args(tmp_path), check=False)
-    assert proc.returncode == 2, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and expected in errors[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert_user_error(proc, expected)
     assert not (out / "config.json").exists() and not (out / "model.safetensors").exists()
 
 

@@ -6,24 +6,11 @@ Validation names the file and the question (its "id", else its index) in a one-l
 """
 
 import hashlib
-import json
-import os
 
 import numpy as np
 
 from utils.errors import UserError
-
-
-def _load_json(path):
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: no such file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            if path.endswith(".jsonl"):
-                return [json.loads(line) for line in f if line.strip()]
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: not valid JSON ({err})") from None
+from utils.squad_data import read_json
 
 
 def _check_ctx(ctx, path, where):
@@ -34,7 +21,7 @@ def _check_ctx(ctx, path, where):
 
 
 def load_dpr(path: str) -> list[dict]:
-    rows = _load_json(path)
+    rows = read_json(path)
     if isinstance(rows, dict) and "data" in rows:
         rows = rows["data"]
     if not isinstance(rows, list):
@@ -64,7 +51,7 @@ def load_dpr(path: str) -> list[dict]:
 
 
 def load_passages(path: str) -> list[dict]:
-    rows = _load_json(path)
+    rows = read_json(path)
     if not isinstance(rows, list) or not rows:
         raise UserError(f"{path}: expected a non-empty list (JSON lines) of passages")
     passages = [_check_ctx(r, path, f"passage #{i}") for i, r in enumerate(rows)]

@@ -20,19 +20,22 @@ from collections import defaultdict
 from utils.errors import UserError
 
 
-def load_squad(path: str) -> tuple[list[dict], int]:
-    """Return (examples, number of repaired answer offsets) from a SQuAD-format file."""
+def read_json(path: str):
+    """A JSON file, or a list of JSON lines for *.jsonl; a missing or malformed file is a UserError."""
     if not os.path.isfile(path):
         raise UserError(f"{path}: no such file")
     try:
         with open(path, encoding="utf-8") as f:
             if path.endswith(".jsonl"):
-                raw = [json.loads(line) for line in f if line.strip()]
-            else:
-                raw = json.load(f)
+                return [json.loads(line) for line in f if line.strip()]
+            return json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UserError(f"{path}: not valid JSON ({err})") from None
 
+
+def load_squad(path: str) -> tuple[list[dict], int]:
+    """Return (examples, number of repaired answer offsets) from a SQuAD-format file."""
+    raw = read_json(path)
     rows = raw["data"] if isinstance(raw, dict) and "data" in raw else raw
     if not isinstance(rows, list):
         raise UserError(f"{path}: expected a list of examples or {{'data': [...]}} at the top level")

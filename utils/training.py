@@ -9,6 +9,7 @@ evaluation with best-model keeping and early stopping, crash-safe checkpoints, e
 resume (`load_state` + `skip_first_batches`), progress bars and trackers.
 """
 
+import abc
 import dataclasses
 import json
 import logging
@@ -26,13 +27,14 @@ from utils.runtime import replace_dir, resolve_resume, save_checkpoint, tracker_
 logger = logging.getLogger("qa-amp")
 
 
-class Task:
+class Task(abc.ABC):
     """What the loop needs to know about a model. Subclasses implement compute_loss, evaluate, save, load."""
 
     tracker_project = "qa-amp"
 
+    @abc.abstractmethod
     def compute_loss(self, model, batch) -> torch.Tensor:
-        raise NotImplementedError
+        ...
 
     def train_step(self, accelerator, model, batch) -> torch.Tensor:
         """Forward and backward of one micro-batch; returns the detached loss. Override for chunked
@@ -41,18 +43,21 @@ class Task:
         accelerator.backward(loss)
         return loss.detach()
 
+    @abc.abstractmethod
     def evaluate(self, model) -> dict:
         """Run evaluation; return a dict with at least 'metrics' (flat name -> float)."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def save(self, model, directory: str, state_dict: dict) -> None:
         """Write the unwrapped model with the full fp32 `state_dict` (from accelerator.get_state_dict, which
         gathers FSDP/DeepSpeed shards) to `directory`. Called on the main process only."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def load(self, model, directory: str) -> None:
         """Load weights written by `save` into the (unwrapped) model."""
-        raise NotImplementedError
+        ...
 
     @staticmethod
     def samples_in(batch) -> int:
