@@ -7,12 +7,14 @@ written to a hidden temporary directory and renamed into place, so a run killed 
 leaves something that looks finished or that `--resume_from_checkpoint latest` would pick up.
 """
 
+import ctypes
 import json
 import logging
 import os
 import re
 import resource
 import shutil
+import sys
 import warnings
 from contextlib import contextmanager
 
@@ -27,6 +29,29 @@ from utils.errors import UserError
 
 logger = logging.getLogger("qa-amp")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def keep_freed_memory(accelerator) -> None:
+    """On CPU, stop glibc from handing freed memory back to the kernel.
+
+    A training step allocates and frees the same large activation and gradient buffers every time, and
+    their shapes change with each batch's padded length. glibc serves blocks over 32 MiB with fresh
+    mmap()s and trims the heap top after frees, so every step re-faults the same memory page by page:
+    16% of the CPU time of a reader run went to page faults. Serving everything from the heap and never
+    trimming it made training ~20% faster (8.8-9.2 -> 11.1 windows/s, MiniLM bf16 on 2 cores) for
+    ~1 GiB more peak RSS. CUDA memory has its own caching allocator, so this is CPU-only.
+    """
+    if accelerator.device.type != "cpu" or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4  # <malloc.h>
+        ok = (libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)
+              and libc.mallopt(m_top_pad, 256 * 2**20))
+    except (OSError, AttributeError):  # not glibc (musl, ...): nothing to tune
+        return
+    if not ok:
+        logger.warning("mallopt refused the CPU memory settings; training runs slower")
 
 
 def setup(args) -> Accelerator:
@@ -53,6 +78,7 @@ def setup(args) -> Accelerator:
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
         raise UserError("fp16 mixed precision needs a GPU: on a CPU Accelerate would silently train in fp32. "
                         "Use --mixed_precision bf16 (CPUs with AVX512-BF16/AMX run it fast) or 'no'.")
+    keep_freed_memory(accelerator)
     set_seed(args.seed)
     _check_output_dir(accelerator, args)
     effective = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
