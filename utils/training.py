@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
-from transformers import get_scheduler
+from transformers import PreTrainedModel, get_scheduler
 
 from utils.runtime import replace_dir, resolve_resume, save_checkpoint, tracker_config
 
@@ -123,6 +123,10 @@ def run_summary(accelerator, state: LoopState, final: dict, before: dict | None,
 def build_optimizer(model, args) -> torch.optim.Optimizer:
     """AdamW without decay on biases/LayerNorm. `foreach` (multi-tensor) on every device; `fused` on
     CUDA: the per-parameter Python loop of the default AdamW is a large share of a CPU step."""
+    if args.freeze_word_embeddings:  # every encoder inside (DPR has two), before the parameter groups are built
+        for module in model.modules():
+            if isinstance(module, PreTrainedModel):
+                module.get_input_embeddings().weight.requires_grad_(False)
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
