@@ -1,0 +1,85 @@
+"""Pieces of the shared training setup that change speed: frozen word embeddings, CPU malloc settings."""
+
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForQuestionAnswering
+
+from conftest import ROOT
+from utils.bi_encoder import BiEncoder
+from utils.training import build_optimizer
+
+
+def optimizer_args(freeze: bool):
+    return SimpleNamespace(freeze_word_embeddings=freeze, weight_decay=0.01, learning_rate=1e-2)
+
+
+def train_one_step(model, optimizer, loss_fn):
+    loss_fn(model).backward()
+    optimizer.step()
+
+
+def test_frozen_word_embeddings_stay_put_while_the_rest_trains(tiny_bert_dir):
+    model = AutoModelForQuestionAnswering.from_pretrained(tiny_bert_dir)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = build_optimizer(model, optimizer_args(freeze=True))
+    ids = torch.randint(1000, 2000, (2, 12))
+    train_one_step(model, optimizer, lambda m: m(input_ids=ids).start_logits.logsumexp(-1).sum())
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert "bert.embeddings.word_embeddings.weight" not in changed
+    assert {"bert.embeddings.position_embeddings.weight", "qa_outputs.weight",
+            "bert.encoder.layer.0.attention.self.query.weight"} <= changed
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert id(model.get_input_embeddings().weight) not in in_optimizer
+
+
+def test_without_the_flag_word_embeddings_train(tiny_bert_dir):
+    model = AutoModelForQuestionAnswering.from_pretrained(tiny_bert_dir)
+    before = model.get_input_embeddings().weight.detach().clone()
+    optimizer = build_optimizer(model, optimizer_args(freeze=False))
+    ids = torch.randint(1000, 2000, (2, 12))
+    train_one_step(model, optimizer, lambda m: m(input_ids=ids).start_logits.logsumexp(-1).sum())
+    assert not torch.equal(model.get_input_embeddings().weight, before)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_freezing_reaches_both_encoders_of_a_bi_encoder(tiny_bert_dir, shared):
+    model = BiEncoder.from_pretrained(tiny_bert_dir, tiny_bert_dir, shared=shared, pooling="mean", normalize=False)
+    build_optimizer(model, optimizer_args(freeze=True))
+    encoders = [model.query_encoder] + ([] if shared else [model.passage_encoder])
+    assert all(not e.get_input_embeddings().weight.requires_grad for e in encoders)
+    assert all(e.encoder.layer[0].output.dense.weight.requires_grad for e in encoders)
+
+
+# The probe: allocate and free a 512 MiB tensor, then report how much of it the process still holds.
+# glibc serves such a block with mmap and unmaps it on free; with the settings it comes from the heap
+# and stays mapped, so the next step's identical allocation costs no page faults.
+PROBE = textwrap.dedent("""
+    import sys, resource, types
+    sys.path.insert(0, {root!r})
+    import torch
+    from utils.runtime import keep_freed_memory
+    if sys.argv[1] == "tuned":
+        keep_freed_memory(types.SimpleNamespace(device=torch.device("cpu")))
+    def rss_mib():
+        return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() / 2**20
+    start = rss_mib()
+    block = torch.ones(512 * 2**20 // 4)
+    del block
+    print(rss_mib() - start)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
+def test_cpu_runs_keep_freed_memory_mapped_for_reuse():
+    def held_after_free(mode):
+        out = subprocess.run([sys.executable, "-c", PROBE.format(root=ROOT), mode], capture_output=True, text=True,
+                             check=True)
+        return float(out.stdout.strip())
+
+    assert held_after_free("default") < 64  # unmapped at once
+    assert held_after_free("tuned") > 448  # still mapped, ready for the next step
