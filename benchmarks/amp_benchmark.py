@@ -59,6 +59,7 @@ def config_model(spec: str) -> str:
 
 
 def run(task, precision, args, out_dir, extra=()):
+    steps = args.dpr_steps if task == "dpr" and args.dpr_steps else args.steps
     if task == "reader":
         cmd = ["train_reader.py", "--train_file", args.squad_train, "--validation_file", args.squad_dev,
                "--max_seq_length", args.max_seq_length]
@@ -70,7 +71,7 @@ def run(task, precision, args, out_dir, extra=()):
         if args.model:
             cmd += ["--query_model_name_or_path", args.model, "--passage_model_name_or_path", args.model]
     cmd += ["--output_dir", out_dir, "--overwrite_output_dir", "--mixed_precision", precision,
-            "--max_train_steps", args.steps, "--logging_steps", args.warmup_steps, "--eval_before_training", "false",
+            "--max_train_steps", steps, "--logging_steps", args.warmup_steps, "--eval_before_training", "false",
             "--per_device_train_batch_size", args.batch_size, "--seed", args.seed, *extra]
     cmd = [sys.executable, os.path.join(ROOT, cmd[0]), *map(str, cmd[1:])]
     print("$", " ".join(map(str, cmd)), flush=True)
@@ -79,7 +80,7 @@ def run(task, precision, args, out_dir, extra=()):
     log = [json.loads(line) for line in open(os.path.join(out_dir, "train_log.jsonl"))][1:]  # drop warm-up window
     seconds = sum(r["window_s"] for r in log)
     m = results["metrics"]
-    row = {"task": task, "precision": precision, "mode": "", "steps": args.steps,
+    row = {"task": task, "precision": precision, "mode": "", "steps": steps,
            "samples_per_s": round(sum(r["samples_per_s"] * r["window_s"] for r in log) / seconds, 2),
            "tokens_per_s": round(sum(r["tokens_per_s"] * r["window_s"] for r in log) / seconds),
            "peak_memory_mb": results["peak_memory_mb"], "train_seconds": results["train_seconds"],
@@ -102,6 +103,8 @@ def main():
     p.add_argument("--model", default=None, help="model dir or hub name, or config:bert-base|bert-large|bert-mini; "
                                                  "default: the packaged MiniLM")
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--dpr_steps", type=int, default=None, help="DPR's budget if not --steps (a DPR update encodes "
+                   "batch x (2 + hard negatives) sequences, several times a reader update)")
     p.add_argument("--warmup_steps", type=int, default=10, help="updates excluded from throughput (also the log window)")
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--max_seq_length", type=int, default=384, help="reader window / DPR passage length")
@@ -144,7 +147,7 @@ def write(rows, args, device, description):
         w.writerows(rows)
     with open(stem + ".md", "w") as f:
         f.write(f"Machine: {description}\n\nModel: {args.model or 'packaged MiniLM (all-MiniLM-L6-v2)'}, "
-                f"{args.steps} updates of batch {args.batch_size}, seed {args.seed}, max length {args.max_seq_length}; "
+                f"{args.steps} reader / {args.dpr_steps or args.steps} DPR updates of batch {args.batch_size}, seed {args.seed}, max length {args.max_seq_length}; "
                 f"throughput excludes the first {args.warmup_steps} updates.\n\n")
         f.write("| " + " | ".join(fields) + " |\n|" + "---|" * len(fields) + "\n")
         for r in rows:
