@@ -7,7 +7,7 @@ from conftest import SAMPLE, run_script
 
 def test_benchmark_writes_table_csv_and_plot(tiny_bert_dir, tmp_path):
     out = tmp_path / "results"
-    run_script("benchmarks/amp_benchmark.py", "--model", tiny_bert_dir, "--steps", 4, "--warmup_steps", 2,
+    run_script("benchmarks/amp_benchmark.py", "--model", tiny_bert_dir, "--steps", 4, "--dpr_steps", 3, "--warmup_steps", 1,
                "--batch_size", 8, "--batching_modes", "--out", out,
                "--squad_train", f"{SAMPLE}/train.json", "--squad_dev", f"{SAMPLE}/dev.json",
                "--dpr_train", f"{SAMPLE}/dpr_train.json", "--dpr_dev", f"{SAMPLE}/dpr_dev.json",
@@ -17,6 +17,7 @@ def test_benchmark_writes_table_csv_and_plot(tiny_bert_dir, tmp_path):
         ("reader", "no", ""), ("reader", "bf16", ""), ("dpr", "no", ""), ("dpr", "bf16", ""),
         ("reader", "bf16", "pad to max_seq_length"), ("reader", "bf16", "pad to batch max"),
         ("reader", "bf16", "length-grouped")]
+    assert [int(r["steps"]) for r in rows] == [4, 4, 3, 3, 4, 4, 4]
     for r in rows:
         assert float(r["samples_per_s"]) > 0 and float(r["peak_memory_mb"]) > 0
     padded, grouped = rows[4], rows[6]
