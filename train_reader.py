@@ -12,8 +12,11 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       Any encoder with a fast tokenizer, on SQuAD v1.1/v2.0 JSON or the flattened HF layout (json/jsonl).
 
   python train_reader.py --train_file ../shared/data/squad/train.json \
-      --validation_file ../shared/data/squad/dev.json --mixed_precision bf16 --output_dir outputs/reader-squad
-      The real-data result in the README (2-core CPU, bf16, ~30 minutes).
+      --validation_file ../shared/data/squad/dev.json --mixed_precision bf16 --output_dir outputs/reader-squad \
+      --num_train_epochs 3.5 --learning_rate 2e-4 --freeze_word_embeddings true \
+      --metric_for_best_model tuned_f1 --eval_steps 308 --checkpointing_steps 308
+      The real-data result in the README: 2-core CPU, bf16, 28 minutes, ~11.8 train windows/s, dev F1 56.9 at
+      the dev-tuned null threshold (53.8 at threshold 0).
 
 Skeleton (same in train_dpr.py): setup -> data -> model -> fit -> validate. The output directory
 ends with a model that loads in `transformers.pipeline("question-answering", model=output_dir)`,
