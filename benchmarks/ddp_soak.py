@@ -3,13 +3,15 @@
     python benchmarks/ddp_soak.py --runs 20
     python benchmarks/ddp_soak.py --runs 100 --bare keep     # the bare probe: no training script at all
     python benchmarks/ddp_soak.py --runs 100 --bare destroy
+    python benchmarks/ddp_soak.py --runs 100 --bare finish   # the fix: how both training scripts end
 
 By default each run is `ACCELERATE_USE_CPU=1 torchrun --standalone --nproc_per_node 2` of train_reader.py and
 train_dpr.py in turn, on a tiny config-built BERT and the shipped sample, a few updates with a checkpoint.
 `--bare` runs the smallest program that can show the abort instead: Accelerate's MULTI_CPU setup, one
 DDP-wrapped linear layer trained for a few steps, an all-reduce, then exit -- either leaving the process
-group to interpreter shutdown (`keep`) or ending with `accelerator.end_training()` (`destroy`, which
-destroys it). A run is clean when torchrun exits 0 and no process printed "terminate called" (the gloo abort at exit).
+group to interpreter shutdown (`keep`), ending with `accelerator.end_training()` (`destroy`, which
+destroys it), or ending with the project's `utils.runtime.finish()` (`finish`).
+A run is clean when torchrun exits 0 and no process printed "terminate called" (the gloo abort at exit).
 """
 
 import argparse
@@ -48,14 +50,19 @@ for _ in range(3):
 total = acc.reduce(torch.ones(1), reduction="sum")
 if sys.argv[1] == "destroy":
     acc.end_training()
+elif sys.argv[1] == "finish":  # what both training scripts end with
+    sys.path.insert(0, sys.argv[2])
+    from utils.runtime import finish
+    finish(acc)
 """
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=20)
-    p.add_argument("--bare", choices=["keep", "destroy"], default=None,
-                   help="run the bare probe instead of the training scripts, keeping or destroying the process group")
+    p.add_argument("--bare", choices=["keep", "destroy", "finish"], default=None,
+                   help="run the bare probe instead of the training scripts, ending it by leaving the process group "
+                        "alive, with accelerator.end_training(), or with the project's utils.runtime.finish()")
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="ddp-soak-")
     model, probe = os.path.join(work, "tiny"), os.path.join(work, "bare_probe.py")
@@ -70,7 +77,7 @@ def main():
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
         if args.bare:
             script = [f"bare probe ({args.bare})"]
-            cmd = torchrun + [probe, args.bare]
+            cmd = torchrun + [probe, args.bare, ROOT]
         else:
             script = ["train_reader.py", "--model_name_or_path", model] if i % 2 == 0 else \
                 ["train_dpr.py", "--query_model_name_or_path", model, "--passage_model_name_or_path", model]
