@@ -24,6 +24,13 @@ CPU_DDP = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
 TOL = dict(atol=2e-5, rtol=1e-4)  # float reductions in another order; everything else is identical
 
 
+def run_ddp(script, *args):
+    """2 CPU processes; exit status 0 and no gloo abort at exit in either process (see utils.runtime.finish)."""
+    proc = run_script(script, *args, launcher=TORCHRUN, env=CPU_DDP)
+    assert "terminate called" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    return proc
+
+
 def log(out):
     return [json.loads(line) for line in open(os.path.join(out, "train_log.jsonl"))]
 
@@ -62,8 +69,7 @@ def reader_args(model, out, per_device, *extra):
 def test_reader_ddp_matches_single_process_and_resumes(tiny_bert_no_dropout_dir, tmp_path):
     single, ddp = str(tmp_path / "single"), str(tmp_path / "ddp")
     run_script("train_reader.py", *reader_args(tiny_bert_no_dropout_dir, single, 16), env={"OMP_NUM_THREADS": "1"})
-    proc = run_script("train_reader.py", *reader_args(tiny_bert_no_dropout_dir, ddp, 8, "--checkpointing_steps", 3),
-                      launcher=TORCHRUN, env=CPU_DDP)
+    proc = run_ddp("train_reader.py", *reader_args(tiny_bert_no_dropout_dir, ddp, 8, "--checkpointing_steps", 3))
     assert "distributed=MULTI_CPU processes=2" in proc.stdout and "= 16 per update" in proc.stdout
 
     a, b = log(single), log(ddp)
@@ -79,8 +85,8 @@ def test_reader_ddp_matches_single_process_and_resumes(tiny_bert_no_dropout_dir,
     resumed = str(tmp_path / "resumed")
     os.makedirs(f"{resumed}/checkpoints")
     shutil.copytree(f"{ddp}/checkpoints/step_3", f"{resumed}/checkpoints/step_3")
-    run_script("train_reader.py", *reader_args(tiny_bert_no_dropout_dir, resumed, 8, "--checkpointing_steps", 3,
-                                               "--resume_from_checkpoint", "latest"), launcher=TORCHRUN, env=CPU_DDP)
+    run_ddp("train_reader.py", *reader_args(tiny_bert_no_dropout_dir, resumed, 8, "--checkpointing_steps", 3,
+                                            "--resume_from_checkpoint", "latest"))
     a, b = load_file(f"{ddp}/model.safetensors"), load_file(f"{resumed}/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -95,8 +101,7 @@ def dpr_args(model, out, per_device, *extra):
 def test_dpr_ddp_global_negatives_match_single_process(tiny_bert_no_dropout_dir, tmp_path, extra):
     single, ddp = str(tmp_path / "single"), str(tmp_path / "ddp")
     run_script("train_dpr.py", *dpr_args(tiny_bert_no_dropout_dir, single, 16), env={"OMP_NUM_THREADS": "1"})
-    proc = run_script("train_dpr.py", *dpr_args(tiny_bert_no_dropout_dir, ddp, 8, *extra), launcher=TORCHRUN,
-                      env=CPU_DDP)
+    proc = run_ddp("train_dpr.py", *dpr_args(tiny_bert_no_dropout_dir, ddp, 8, *extra))
     assert "distributed=MULTI_CPU processes=2" in proc.stdout
     a, b = log(single), log(ddp)
     assert [r["step"] for r in b] == [1, 2, 3, 4]
