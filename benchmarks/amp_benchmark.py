@@ -157,7 +157,8 @@ def write(rows, args, device, description):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r['task']}\n{r['precision']}" + (f"\n{r['mode']}" if r["mode"] else "") for r in rows]
+    labels = [f"{r['task']}\n{r['precision']}" + ("\n" + r["mode"].replace(" to ", " to\n") if r["mode"] else "")
+              for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     panels = (("samples_per_s", "training samples/s (after warm-up)"), ("peak_memory_mb", "peak memory (MB)"),
               ("dev", "dev F1 (reader) / top-1 % (DPR)"))
