@@ -147,7 +147,8 @@ def write(rows, args, device, description):
         w.writerows(rows)
     with open(stem + ".md", "w") as f:
         f.write(f"Machine: {description}\n\nModel: {args.model or 'packaged MiniLM (all-MiniLM-L6-v2)'}, "
-                f"{args.steps} reader / {args.dpr_steps or args.steps} DPR updates of batch {args.batch_size}, seed {args.seed}, max length {args.max_seq_length}; "
+                f"{args.steps} reader / {args.dpr_steps or args.steps} DPR updates of batch {args.batch_size}, "
+                f"seed {args.seed}, max length {args.max_seq_length}; "
                 f"throughput excludes the first {args.warmup_steps} updates.\n\n")
         f.write("| " + " | ".join(fields) + " |\n|" + "---|" * len(fields) + "\n")
         for r in rows:

@@ -72,9 +72,9 @@ def main():
     else:
         tiny_model(model)
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     clean = 0
     for i in range(args.runs):
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
         if args.bare:
             script = [f"bare probe ({args.bare})"]
             cmd = torchrun + [probe, args.bare, ROOT]

@@ -7,8 +7,8 @@ from conftest import SAMPLE, run_script
 
 def test_benchmark_writes_table_csv_and_plot(tiny_bert_dir, tmp_path):
     out = tmp_path / "results"
-    run_script("benchmarks/amp_benchmark.py", "--model", tiny_bert_dir, "--steps", 4, "--dpr_steps", 3, "--warmup_steps", 1,
-               "--batch_size", 8, "--batching_modes", "--out", out,
+    run_script("benchmarks/amp_benchmark.py", "--model", tiny_bert_dir, "--steps", 4, "--dpr_steps", 3,
+               "--warmup_steps", 1, "--batch_size", 8, "--batching_modes", "--out", out,
                "--squad_train", f"{SAMPLE}/train.json", "--squad_dev", f"{SAMPLE}/dev.json",
                "--dpr_train", f"{SAMPLE}/dpr_train.json", "--dpr_dev", f"{SAMPLE}/dpr_dev.json",
                "--dpr_passages", f"{SAMPLE}/dpr_passages.jsonl")

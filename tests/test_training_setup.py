@@ -59,12 +59,12 @@ def test_freezing_reaches_both_encoders_of_a_bi_encoder(tiny_bert_dir, shared):
 # glibc serves such a block with mmap and unmaps it on free; with the settings it comes from the heap
 # and stays mapped, so the next step's identical allocation costs no page faults.
 PROBE = textwrap.dedent("""
-    import sys, resource, types
+    import sys, resource
     sys.path.insert(0, {root!r})
     import torch
     from utils.runtime import keep_freed_memory
     if sys.argv[1] == "tuned":
-        keep_freed_memory(types.SimpleNamespace(device=torch.device("cpu")))
+        keep_freed_memory(torch.device("cpu"))
     def rss_mib():
         return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() / 2**20
     start = rss_mib()

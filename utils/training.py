@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_scheduler
 
-from utils.runtime import replace_dir, resolve_resume, save_checkpoint, tracker_config
+from utils.runtime import peak_memory_mb, replace_dir, resolve_resume, save_checkpoint, tracker_config
 
 logger = logging.getLogger("qa-amp")
 
@@ -110,8 +110,6 @@ def evaluate_before_training(accelerator, args, task: Task, model, headline) -> 
 
 def run_summary(accelerator, state: LoopState, final: dict, before: dict | None, samples_name: str) -> dict:
     """What eval_results.json records about a run, the same for both scripts."""
-    from utils.runtime import peak_memory_mb
-
     return {"metrics": final["metrics"], "metrics_before_training": before, "updates": state.step,
             "skipped_fp16_updates": state.skipped_steps, "best_update": state.best_step,
             "stopped_early": state.stopped_early, "train_seconds": round(state.train_seconds, 1),
@@ -122,7 +120,8 @@ def run_summary(accelerator, state: LoopState, final: dict, before: dict | None,
 
 def build_optimizer(model, args) -> torch.optim.Optimizer:
     """AdamW without decay on biases/LayerNorm. `foreach` (multi-tensor) on every device; `fused` on
-    CUDA: the per-parameter Python loop of the default AdamW is a large share of a CPU step."""
+    CUDA: the per-parameter Python loop of the default AdamW is a large share of a CPU step.
+    With --freeze_word_embeddings the embedding matrices leave the optimizer (and get no gradient)."""
     if args.freeze_word_embeddings:  # every encoder inside (DPR has two), before the parameter groups are built
         for module in model.modules():
             if isinstance(module, PreTrainedModel):
