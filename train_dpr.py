@@ -31,7 +31,7 @@ from typing import Literal, Optional
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
+from accelerate.utils import DistributedType
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
@@ -44,8 +44,8 @@ from utils.dpr_loss import dpr_loss, global_loss, grad_cache_step
 from utils.errors import UserError, exit_on_user_error
 from utils.retrieval_metrics import gold_ranks, retrieval_metrics, top_passages
 from utils.runtime import finish, publish_dir, setup, write_json
-from utils.training import (Task, build_optimizer, build_scheduler, evaluate_before_training, fit, plan_steps,
-                            run_summary)
+from utils.training import (Task, build_optimizer, build_scheduler, evaluate_before_training, fit, load_weights,
+                            plan_steps, run_summary)
 
 logger = logging.getLogger("qa-amp")
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
@@ -109,6 +109,15 @@ class DPRArgs(TrainArgs):
             raise UserError("--export_dpr needs --pooling cls: transformers' DPR encoders pool the [CLS] token")
         super().validate()
 
+    def check_distributed(self, distributed_type) -> None:
+        """Combinations the hardware layout makes wrong, refused before anything trains."""
+        if self.grad_cache_chunk_size and distributed_type == DistributedType.DEEPSPEED:
+            # Accelerate's DeepSpeed backward also steps the engine on sync steps, and GradCache calls backward
+            # once per chunk: the optimizer would step once per chunk on partial gradients (and ZeRO-2
+            # ignores no_sync).
+            raise UserError("--grad_cache_chunk_size does not work under DeepSpeed (the engine would step once per "
+                            "chunk); use DDP or FSDP, or a smaller --per_device_train_batch_size without GradCache")
+
 
 # --- data ------------------------------------------------------------------------------------------
 
@@ -156,6 +165,10 @@ class DPRTask(Task):
             [q["question"] for q in dev], batch_size=bs,
             collate_fn=lambda qs: {"query": dict(question_texts(q_tok, qs, args))}))
 
+    @property
+    def metric_names(self) -> list[str]:
+        return list(retrieval_metrics(np.ones(1, dtype=np.int64))) + ["in_batch_avg_rank"]
+
     @staticmethod
     def samples_in(batch):
         return len(batch["query"]["input_ids"])
@@ -164,13 +177,13 @@ class DPRTask(Task):
     def tokens_in(batch):
         return int(batch["query"]["attention_mask"].sum() + batch["passage"]["attention_mask"].sum())
 
-    def train_step(self, accelerator, model, batch):
+    def train_step(self, accelerator, model, batch, weight=1.0):
         if self.args.grad_cache_chunk_size:
             return grad_cache_step(accelerator, model, batch["query"], batch["passage"], batch["passage_keys"],
-                                   self.args.temperature, self.args.grad_cache_chunk_size)
+                                   self.args.temperature, self.args.grad_cache_chunk_size, weight)
         q, p = model(query=batch["query"], passage=batch["passage"])
         loss, for_backward, _ = global_loss(q, p, batch["passage_keys"], self.args.temperature)
-        accelerator.backward(for_backward)
+        accelerator.backward(for_backward * weight)
         return loss.detach()
 
     def _embed(self, model, loader, side):
@@ -217,8 +230,7 @@ class DPRTask(Task):
 
     def load(self, model, directory):
         for side in ("query", "passage"):
-            state = load_file(os.path.join(directory, f"{side}_encoder", "model.safetensors"))
-            model.encoder(side).load_state_dict(state, strict=False)
+            load_weights(model.encoder(side), os.path.join(directory, f"{side}_encoder", "model.safetensors"))
 
 
 @exit_on_user_error
@@ -226,6 +238,7 @@ def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
     args = parse_args(DPRArgs, argv)
     accelerator = setup(args)
+    args.check_distributed(accelerator.distributed_type)
     accelerator.print(f"encoders: pooling={args.pooling} similarity={args.similarity} temperature={args.temperature} "
                       f"{'shared' if args.shared_encoder else 'separate'} hard_negatives={args.num_hard_negatives}")
 
@@ -254,10 +267,10 @@ def main(argv=None):
         raise UserError(f"{args.train_file}: {len(train)} questions are fewer than one global batch "
                         f"({args.per_device_train_batch_size} x {accelerator.num_processes} processes)")
 
-    # Every batch full (drop_last): the number of negatives, and the tensor shapes gathered across
-    # processes, stay fixed.
+    # Under DDP, Accelerate completes the epoch's last round from the epoch's first questions, so every
+    # process's batches are full (the shapes gathered across processes match) and no question is left out.
     batch_sampler = LengthGroupedBatchSampler(np.zeros(len(train)), args.per_device_train_batch_size, args.seed,
-                                              group_by_length=False, drop_last=True)
+                                              group_by_length=False)
     train_loader = DataLoader(list(range(len(train))), batch_sampler=batch_sampler,
                               collate_fn=TrainCollator(train, per_question, q_tok, p_tok, args),
                               generator=torch.Generator().manual_seed(args.seed))  # see train_reader.py
@@ -270,16 +283,17 @@ def main(argv=None):
         raise UserError(f"cannot load an encoder ({str(err).splitlines()[0]})") from None
     if args.export_dpr and model.query_encoder.config.model_type != "bert":
         raise UserError(f"--export_dpr needs BERT-architecture encoders (got {model.query_encoder.config.model_type})")
-    optimizer = build_optimizer(model, args)
+    optimizer = build_optimizer(model, args, accelerator.device)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
-    _, total_steps = plan_steps(args, len(batch_sampler), accelerator.num_processes)
-    scheduler = build_scheduler(optimizer, args, total_steps)
+    plan = plan_steps(args, train_loader)  # from the prepared loader: this process's real share
+    scheduler = build_scheduler(optimizer, args, plan.total_updates)
     task = DPRTask(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages)
+    task.check_metric_for_best_model(args.metric_for_best_model)
 
     before = evaluate_before_training(accelerator, args, task, model, _headline)
 
     # --- fit -----------------------------------------------------------------------------------------
-    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, batch_sampler, total_steps)
+    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, batch_sampler, plan)
 
     # --- validate and publish ------------------------------------------------------------------------
     accelerator.print("after training:  " + _headline(final["metrics"]))
@@ -287,7 +301,7 @@ def main(argv=None):
     with publish_dir(accelerator, args.output_dir) as tmp:
         if accelerator.is_main_process:
             task.save(accelerator.unwrap_model(model), tmp, state_dict)
-    summary = run_summary(accelerator, state, final, before, "questions")
+    summary = run_summary(accelerator, optimizer, plan, state, final, before, "questions")
     summary.update(pooling=args.pooling, similarity=args.similarity, temperature=args.temperature)
     write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"), summary)
     if accelerator.is_main_process:

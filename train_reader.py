@@ -31,7 +31,6 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
@@ -44,8 +43,8 @@ from utils.qa_features import check_tokenizer, prepare_eval_features, prepare_tr
 from utils.qa_metrics import best_null_threshold, squad_metrics
 from utils.runtime import finish, publish_dir, setup, write_json
 from utils.squad_data import is_impossible, load_squad, split_by_article
-from utils.training import (Task, build_optimizer, build_scheduler, evaluate_before_training, fit, plan_steps,
-                            run_summary)
+from utils.training import (Task, build_optimizer, build_scheduler, evaluate_before_training, fit, load_weights,
+                            plan_steps, run_summary)
 
 logger = logging.getLogger("qa-amp")
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
@@ -151,6 +150,16 @@ class ReaderTask(Task):
         self.dev_examples, self.dev_features, self.dev_loader = dev_examples, dev_features, dev_loader
         self.with_no_answer = with_no_answer
 
+    @property
+    def metric_names(self) -> list[str]:
+        """What `evaluate` reports, from the same functions: squad_metrics' names for this dev set (HasAns/NoAns
+        only where such questions exist), then for SQuAD v2 the same at the dev-tuned threshold."""
+        refs = {ex["id"]: ex["answers"]["text"] for ex in self.dev_examples}
+        names = list(squad_metrics(refs, dict.fromkeys(refs, "")))
+        if self.with_no_answer:
+            names += [f"tuned_{k}" for k in names if "total" not in k] + ["null_threshold"]
+        return names
+
     def compute_loss(self, model, batch):
         """Mean of the start and end cross-entropies over real tokens only. (transformers' own QA loss also
         spreads probability over padding, so it would change with each batch's padded width.)"""
@@ -190,7 +199,7 @@ class ReaderTask(Task):
         self.tokenizer.save_pretrained(directory)
 
     def load(self, model, directory):
-        model.load_state_dict(load_file(os.path.join(directory, "model.safetensors")), strict=False)
+        load_weights(model, os.path.join(directory, "model.safetensors"))
 
 
 @exit_on_user_error
@@ -233,20 +242,21 @@ def main(argv=None):
         model = AutoModelForQuestionAnswering.from_pretrained(args.model_name_or_path)
     except (OSError, ValueError) as err:
         raise UserError(f"{args.model_name_or_path}: cannot load a QA model ({str(err).splitlines()[0]})") from None
-    optimizer = build_optimizer(model, args)
+    optimizer = build_optimizer(model, args, accelerator.device)
     model, optimizer, train_loader, dev_loader = accelerator.prepare(model, optimizer, train_loader, dev_loader)
-    _, total_steps = plan_steps(args, len(batch_sampler), accelerator.num_processes)
-    scheduler = build_scheduler(optimizer, args, total_steps)
+    plan = plan_steps(args, train_loader)  # from the prepared loader: this process's real share
+    scheduler = build_scheduler(optimizer, args, plan.total_updates)
     task = ReaderTask(accelerator, args, tokenizer, dev_examples, dev_features, dev_loader, with_no_answer)
+    task.check_metric_for_best_model(args.metric_for_best_model)
 
     before = evaluate_before_training(accelerator, args, task, model, _headline)
 
     # --- fit -----------------------------------------------------------------------------------------
-    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, batch_sampler, total_steps)
+    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, batch_sampler, plan)
 
     # --- validate and publish ------------------------------------------------------------------------
     accelerator.print("after training:  " + _headline(final["metrics"]))
-    summary = run_summary(accelerator, state, final, before, "windows")
+    summary = run_summary(accelerator, optimizer, plan, state, final, before, "windows")
     summary["predictions_null_threshold"] = final["metrics"].get("null_threshold")
     state_dict = accelerator.get_state_dict(model)  # every process: gathers FSDP/DeepSpeed shards
     with publish_dir(accelerator, args.output_dir) as tmp:

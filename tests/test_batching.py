@@ -37,3 +37,19 @@ def test_pad_batch_pads_to_multiple_of_eight():
     batch = pad_batch(rows, pad_token_id=0)
     assert batch["input_ids"].shape == (2, 16) and batch["attention_mask"][0].sum() == 3
     assert torch.equal(batch["start_positions"], torch.tensor([1, 0]))
+
+
+def test_sharded_across_processes_every_batch_is_used_in_every_epoch():
+    """Accelerate's BatchSamplerShard yields a round of batches only when the round's last batch is full: the
+    epoch's one short batch must come last, or a whole round is silently dropped on every process."""
+    from accelerate.data_loader import BatchSamplerShard
+
+    lengths = np.random.default_rng(0).integers(20, 400, size=1000)  # 62 full batches of 16 and one of 8
+    sampler = LengthGroupedBatchSampler(lengths, 16, seed=0)
+    shards = [BatchSamplerShard(sampler, num_processes=2, process_index=r) for r in range(2)]
+    for epoch in range(12):
+        sampler.epoch = epoch
+        per_process = [list(shard) for shard in shards]
+        assert [len(b) for b in per_process] == [len(shard) for shard in shards] == [32, 32], epoch
+        seen = [i for batches in per_process for b in batches for i in b]
+        assert set(seen) == set(range(1000)) and len(seen) - 1000 < 16 * 2, epoch  # repeats: even-batches padding

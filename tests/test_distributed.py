@@ -7,11 +7,14 @@ averaged (and for DPR, that gathered negatives reproduce the single-process glob
 
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections import defaultdict
 
 import pytest
 import torch
@@ -81,6 +84,15 @@ def test_reader_ddp_matches_single_process_and_resumes(tiny_bert_no_dropout_dir,
     assert before[0] == before[1]
     assert json.load(open(f"{single}/predictions.json")).keys() == json.load(open(f"{ddp}/predictions.json")).keys()
 
+    # The multi-machine layout on one machine: two one-process "nodes" joined through one rendezvous on localhost
+    # train exactly like the 2-process single-node run.
+    nodes = str(tmp_path / "nodes")
+    run_two_nodes("train_reader.py", *reader_args(tiny_bert_no_dropout_dir, nodes, 8))
+    c = log(nodes)
+    assert [r["step"] for r in c] == list(range(1, 7))
+    torch.testing.assert_close([r["loss"] for r in c], [r["loss"] for r in b], **TOL)
+    assert_weights_close(f"{ddp}/model.safetensors", f"{nodes}/model.safetensors")
+
     # Resume under DDP from the mid-run checkpoint: same final weights as the uninterrupted DDP run.
     resumed = str(tmp_path / "resumed")
     os.makedirs(f"{resumed}/checkpoints")
@@ -89,6 +101,65 @@ def test_reader_ddp_matches_single_process_and_resumes(tiny_bert_no_dropout_dir,
                                             "--resume_from_checkpoint", "latest"))
     a, b = load_file(f"{ddp}/model.safetensors"), load_file(f"{resumed}/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def run_two_nodes(script, *args):
+    """`torchrun --nnodes 2 --node_rank 0|1 --nproc_per_node 1` against one rendezvous on localhost."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank), "--nproc_per_node",
+         "1", "--master_addr", "127.0.0.1", "--master_port", str(port), os.path.join(ROOT, script), *map(str, args)],
+        cwd=ROOT, env={**os.environ, **CPU_DDP}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (0, 1)]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0 and "terminate called" not in output, output[-3000:]
+    assert "distributed=MULTI_CPU processes=2" in outputs[0]
+
+
+def recorded_batches(directory) -> dict[int, list[int]]:
+    """Epoch -> every training index the processes iterated that epoch (see RECORD_BATCHES in tests/harness.py)."""
+    seen = defaultdict(list)
+    for name in os.listdir(directory):
+        for line in open(os.path.join(directory, name)):
+            record = json.loads(line)
+            seen[record["epoch"]] += record["indices"]
+    return seen
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+@pytest.mark.parametrize("script", ["train_reader.py", "train_dpr.py"])
+def test_ddp_epochs_use_every_input_and_run_exactly_the_planned_updates(tiny_bert_no_dropout_dir, tmp_path,
+                                                                         monkeypatch, script, accumulation):
+    """3 epochs on 2 processes: every training input of every epoch reaches a process (repeats only from
+    Accelerate's even-batches padding), and the updates that run are the updates the schedule planned."""
+    monkeypatch.setenv("RECORD_BATCHES", str(tmp_path / "batches"))
+    out, model = str(tmp_path / "out"), tiny_bert_no_dropout_dir
+    per_device = 8 if script == "train_reader.py" else 10  # 229 windows / 193 questions: a short last batch
+    model_args = (["--model_name_or_path", model] if script == "train_reader.py" else
+                  ["--query_model_name_or_path", model, "--passage_model_name_or_path", model])
+    proc = run_ddp("tests/harness.py", script, *model_args, "--output_dir", out, "--num_train_epochs", 3,
+                   "--per_device_train_batch_size", per_device, "--gradient_accumulation_steps", accumulation,
+                   "--logging_steps", 1, "--eval_before_training", "false", "--max_eval_samples", 10)
+    inputs = int(re.search(r"train: \d+ examples -> (\d+) windows|train: (\d+) questions", proc.stderr).group(
+        1 if script == "train_reader.py" else 2))
+
+    seen = recorded_batches(tmp_path / "batches")
+    assert sorted(seen) == [0, 1, 2]
+    for epoch, indices in seen.items():
+        assert set(indices) == set(range(inputs)), epoch
+        assert len(indices) - inputs < per_device * 2, epoch
+
+    batches_per_process = -(-(-(-inputs // per_device)) // 2)
+    planned = 3 * -(-batches_per_process // accumulation)
+    results = json.load(open(f"{out}/eval_results.json"))
+    records = log(out)
+    assert results["updates"] == results["updates_planned"] == planned == records[-1]["step"]
+    assert [r["step"] for r in records] == list(range(1, planned + 1))
+    assert max(r["epoch"] for r in records) == 2  # 3 epochs, not more
+    assert records[-1]["lr"] == 0.0  # the linear schedule ran to its end
 
 
 def dpr_args(model, out, per_device, *extra):

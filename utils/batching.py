@@ -14,24 +14,18 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
     """Yields lists of indices. The order is a pure function of (seed, epoch): set `.epoch` before
     iterating, and a resumed run that skips the first k batches sees exactly the batches it missed."""
 
-    def __init__(self, lengths, batch_size: int, seed: int, group_by_length: bool = True, mega_batches: int = 50,
-                 drop_last: bool = False):
+    def __init__(self, lengths, batch_size: int, seed: int, group_by_length: bool = True, mega_batches: int = 50):
         self.lengths = np.asarray(lengths)
         self.batch_size, self.seed, self.group_by_length = batch_size, seed, group_by_length
-        self.drop_last = drop_last
         self.mega = mega_batches * batch_size
         self.epoch = 0
 
     def __len__(self):
-        if self.drop_last:
-            return len(self.lengths) // self.batch_size
         return (len(self.lengths) + self.batch_size - 1) // self.batch_size
 
     def __iter__(self):
         rng = np.random.default_rng([self.seed, self.epoch])
         order = rng.permutation(len(self.lengths))
-        if self.drop_last:  # a random few are left out, different ones every epoch
-            order = order[: len(self) * self.batch_size]
         if not self.group_by_length:
             yield from (order[i:i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size))
             return
@@ -40,7 +34,11 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
             chunk = order[c:c + self.mega]
             chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
             batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
-        for b in rng.permutation(len(batches)):
+        # The epoch's one short batch (the last one cut) stays last: Accelerate's BatchSamplerShard yields a
+        # round of batches only if the round's last batch is full, so a short batch shuffled into the middle
+        # made every process drop a whole round (and the planned updates overran the real ones).
+        full = len(batches) - (len(batches[-1]) < self.batch_size)
+        for b in list(rng.permutation(full)) + list(range(full, len(batches))):
             yield batches[b].tolist()
 
 

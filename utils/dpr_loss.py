@@ -76,11 +76,13 @@ class RandState:
         yield
 
 
-def grad_cache_step(accelerator, model, query: dict, passage: dict, passage_keys, temperature, chunk_size: int):
+def grad_cache_step(accelerator, model, query: dict, passage: dict, passage_keys, temperature, chunk_size: int,
+                    weight: float = 1.0):
     """One full-batch step in memory for `chunk_size` questions (Gao et al., 2021, "Scaling Deep Contrastive
     Learning Batch Size under Memory Limited Setup"): embed every chunk without a graph, take the loss and its
     gradient w.r.t. the embeddings over the whole (global) batch, then re-embed chunk by chunk with a graph and
-    backpropagate those cached embedding gradients. Same gradients as the plain step, memory of one chunk."""
+    backpropagate those cached embedding gradients. Same gradients as the plain step, memory of one chunk.
+    `weight` scales the backpropagated loss, as in Task.train_step."""
     n_q = len(query["input_ids"])
     per_question = len(passage["input_ids"]) // n_q
     chunks = [(slice(s, min(s + chunk_size, n_q)), slice(s * per_question, min(s + chunk_size, n_q) * per_question))
@@ -104,5 +106,5 @@ def grad_cache_step(accelerator, model, query: dict, passage: dict, passage_keys
         with state.replay(), (contextlib.nullcontext() if last else accelerator.no_sync(model)):
             q_emb, p_emb = model(query=take(query, qs), passage=take(passage, ps))
             surrogate = (q_emb * q_all.grad[qs]).sum() + (p_emb * p_all.grad[ps]).sum()
-            accelerator.backward(surrogate)
+            accelerator.backward(surrogate * weight)
     return loss.detach()

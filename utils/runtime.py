@@ -22,7 +22,7 @@ import datasets
 import torch
 import transformers
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, set_seed
 
 from utils.args import as_config
 from utils.errors import UserError
@@ -75,7 +75,8 @@ def setup(args) -> Accelerator:
     if launched > 1 and accelerator.num_processes == 1:
         raise UserError(f"{launched} processes were launched but Accelerate is not distributing them (no GPU found), "
                         "so each would train alone: on CPUs set ACCELERATE_USE_CPU=1 (MULTI_CPU, gloo)")
-    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+    if accelerator.mixed_precision == "fp16" and not accelerator.native_amp \
+            and accelerator.distributed_type != DistributedType.DEEPSPEED:  # DeepSpeed runs its own fp16
         raise UserError("fp16 mixed precision needs a GPU: on a CPU Accelerate would silently train in fp32. "
                         "Use --mixed_precision bf16 (CPUs with AVX512-BF16/AMX run it fast) or 'no'.")
     keep_freed_memory(accelerator.device)
@@ -155,18 +156,17 @@ def resolve_resume(args) -> str | None:
         return None
     if want == "latest":
         found = list_checkpoints(checkpoint_dir(args))
-        if not found:
-            logger.info("--resume_from_checkpoint latest: no checkpoint in %s yet, starting from scratch",
-                        checkpoint_dir(args))
-            return None
-        return found[-1]
+        return found[-1] if found else None
     if not os.path.isfile(os.path.join(want, "loop_state.json")):
         raise UserError(f"{want}: not a checkpoint directory written by this project (no loop_state.json)")
     return want
 
 
-def save_checkpoint(accelerator, args, step: int, loop_state: dict) -> str:
-    """accelerator.save_state into a temporary directory, then rename; keep --checkpoints_total_limit."""
+def save_checkpoint(accelerator, args, step: int, loop_state: dict, best_dir: str) -> str:
+    """accelerator.save_state into a temporary directory, then rename; keep --checkpoints_total_limit.
+
+    The best model so far goes into the checkpoint too (hard links, no copy): the loop state names its update,
+    so resuming from any checkpoint, into any directory, must bring back exactly that model."""
     ckpt_dir = checkpoint_dir(args)
     final = os.path.join(ckpt_dir, f"step_{step}")
     tmp = os.path.join(ckpt_dir, f".tmp-step_{step}")
@@ -179,12 +179,28 @@ def save_checkpoint(accelerator, args, step: int, loop_state: dict) -> str:
     if accelerator.is_main_process:
         with open(os.path.join(tmp, "loop_state.json"), "w") as f:
             json.dump(loop_state, f, indent=1)  # human-readable copy; the pickled one is what load_state uses
+        if loop_state["best_step"] is not None and os.path.isdir(best_dir):
+            shutil.copytree(best_dir, os.path.join(tmp, "best_model"), copy_function=os.link)
         replace_dir(tmp, final)
         if args.checkpoints_total_limit:
             for old in list_checkpoints(ckpt_dir)[: -args.checkpoints_total_limit]:
                 shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final
+
+
+def restore_best_model(accelerator, checkpoint: str, best_dir: str) -> None:
+    """Make `best_dir` the best model saved with `checkpoint` (or none), whatever an interrupted run left
+    there: a best model saved after the checkpoint is not the one its loop state describes."""
+    if accelerator.is_main_process:
+        saved = os.path.join(checkpoint, "best_model")
+        if os.path.isdir(saved):
+            shutil.rmtree(best_dir + ".tmp", ignore_errors=True)
+            shutil.copytree(saved, best_dir + ".tmp")
+            replace_dir(best_dir + ".tmp", best_dir)
+        else:
+            shutil.rmtree(best_dir, ignore_errors=True)
+    accelerator.wait_for_everyone()
 
 
 def replace_dir(new: str, final: str) -> None:
