@@ -35,7 +35,7 @@ from accelerate.utils import DistributedType
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
-from utils.args import TrainArgs, arg, packaged_minilm, parse_args
+from utils.args import TrainArgs, arg, check_max_length, packaged_minilm, parse_args
 from utils.batching import LengthGroupedBatchSampler
 from utils.bi_encoder import (BiEncoder, encoder_state, export_dpr, save_sentence_transformers_dir,
                               sentence_transformers_defaults)
@@ -248,6 +248,9 @@ def main(argv=None):
         p_tok = q_tok if args.shared_encoder else AutoTokenizer.from_pretrained(args.passage_model_name_or_path)
     except (OSError, ValueError) as err:
         raise UserError(f"cannot load a tokenizer ({str(err).splitlines()[0]})") from None
+    check_max_length(args.query_model_name_or_path, q_tok, max_query_length=args.max_query_length)
+    check_max_length(args.query_model_name_or_path if args.shared_encoder else args.passage_model_name_or_path, p_tok,
+                     max_passage_length=args.max_passage_length)
     train = load_dpr(args.train_file)
     dev = load_dpr(args.validation_file)
     if args.max_train_samples:

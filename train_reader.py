@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-from utils.args import TrainArgs, arg, packaged_minilm, parse_args
+from utils.args import TrainArgs, arg, check_max_length, packaged_minilm, parse_args
 from utils.batching import LengthGroupedBatchSampler, pad_batch
 from utils.errors import UserError, exit_on_user_error
 from utils.features_cache import cached_map
@@ -214,6 +214,7 @@ def main(argv=None):
     except (OSError, ValueError) as err:
         raise UserError(f"{args.model_name_or_path}: cannot load a tokenizer ({str(err).splitlines()[0]})") from None
     check_tokenizer(tokenizer, args.model_name_or_path)
+    check_max_length(args.model_name_or_path, tokenizer, max_seq_length=args.max_seq_length)
     train_examples, dev_examples = load_examples(args)
     with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)
     train_features = tokenize(accelerator, args, tokenizer, train_examples, for_training=True)

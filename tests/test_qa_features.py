@@ -57,6 +57,15 @@ def test_questions_are_cut_to_max_query_length(tokenizer):
     assert cut[1] == "Who?"
 
 
+@pytest.mark.parametrize("leading_spaces", [0, 3, 40])
+def test_leading_whitespace_does_not_let_a_question_past_max_query_length(tokenizer, leading_spaces):
+    question = " " * leading_spaces + "In which year did the lighthouse keeper first light the great lamp?"
+    (cut,) = truncate_questions([question], tokenizer, 8)
+    tokens = tokenizer(cut, add_special_tokens=False)["input_ids"]
+    assert len(tokens) <= 8, (leading_spaces, cut, len(tokens))
+    assert tokenizer.decode(tokens) == "in which year did the lighthouse keeper first"  # the first 8, still
+
+
 @pytest.mark.parametrize("stride", [0, 16])
 def test_every_context_token_is_covered_by_some_window(tokenizer, stride):
     context = " ".join(f"tok{i}" for i in range(200))

@@ -5,14 +5,21 @@ subclasses it with its data and model fields. `parse_args` turns the command lin
 runs `validate()`, so a bad combination of flags is a one-line error before anything is loaded.
 """
 
+import argparse
 import dataclasses
+import difflib
 import sys
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from transformers import HfArgumentParser
+from transformers import AutoConfig, HfArgumentParser
 
 from utils.errors import UserError
+
+
+# RoBERTa-style models number positions from pad_token_id + 1: max_position_embeddings - pad_token_id - 1 usable.
+_POSITIONS_AFTER_PADDING = {"roberta", "xlm-roberta", "camembert", "xlm-roberta-xl", "roberta-prelayernorm",
+                            "data2vec-text", "longformer"}
 
 
 def packaged_minilm() -> str:
@@ -93,7 +100,7 @@ class TrainArgs:
             raise UserError(f"--learning_rate must be positive (got {self.learning_rate})")
         if not 0 <= self.warmup_ratio < 1:
             raise UserError(f"--warmup_ratio must be in [0, 1) (got {self.warmup_ratio})")
-        if self.max_train_steps is None and self.num_train_epochs <= 0:
+        if not self.num_train_epochs > 0:  # also with --max_train_steps: a negative count is a typo, not "ignore"
             raise UserError(f"--num_train_epochs must be positive (got {self.num_train_epochs})")
         if self.max_grad_norm < 0:
             raise UserError(f"--max_grad_norm must be >= 0 (got {self.max_grad_norm})")
@@ -111,12 +118,55 @@ class TrainArgs:
 
 
 def parse_args(cls, argv=None):
-    """Parse argv into dataclass `cls` and validate it. Unknown flags are an argparse error (exit 2)."""
+    """Parse argv into dataclass `cls` and validate it. Every problem is a UserError: an unknown flag (with
+    the closest real one), a stray positional argument, and argparse's own complaints (bad value, bad choice)."""
     parser = HfArgumentParser(cls, description=sys.modules["__main__"].__doc__.split("\n")[0]
                               if getattr(sys.modules["__main__"], "__doc__", None) else None)
-    (args,) = parser.parse_args_into_dataclasses(args=argv)
+
+    def error(message):  # argparse would print its usage block and exit: one line instead
+        raise UserError(message)
+
+    parser.error = error
+    for action in parser._actions:  # argparse %-formats help texts: "~15% faster" made --help crash
+        if action.help and action.help is not argparse.SUPPRESS:
+            action.help = action.help.replace("%", "%%")
+    args, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    for token in remaining:
+        if token.startswith("-") and len(token) > 1:
+            flag = token.split("=", 1)[0]
+            options = [s for a in parser._actions for s in a.option_strings[:1] if s.startswith("--")]
+            close = difflib.get_close_matches("--" + flag.lstrip("-").replace("-", "_"), options, n=1)
+            raise UserError(f"unknown flag {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
+    if remaining:
+        raise UserError(f"unexpected argument {remaining[0]!r} (every value must follow its --flag)")
     args.validate()
     return args
+
+
+def check_max_length(model_name_or_path: str, tokenizer, **lengths: int) -> None:
+    """Refuse a length flag (`max_seq_length=384`, ...) beyond what the model can take: its position
+    embeddings, and the tokenizer's declared maximum when it declares a real one. Past the positions a
+    run would crash mid-training (or index garbage); a config that cannot be read is left to the model
+    loading that follows to report."""
+    limits = []
+    try:
+        config = AutoConfig.from_pretrained(model_name_or_path)
+    except (OSError, ValueError):
+        config = None
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        if config.model_type in _POSITIONS_AFTER_PADDING:  # position ids start at pad_token_id + 1
+            positions -= (config.pad_token_id or 0) + 1
+        limits.append(positions)
+    declared = getattr(tokenizer, "model_max_length", None)
+    if isinstance(declared, int) and 0 < declared < 100_000:  # "no limit" is a placeholder like 1e30
+        limits.append(declared)
+    if not limits:
+        return
+    limit = min(limits)
+    for flag, value in lengths.items():
+        if value > limit:
+            raise UserError(f"--{flag} {value} is more than the {limit} tokens {model_name_or_path} can take")
 
 
 def as_config(args) -> dict:

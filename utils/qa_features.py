@@ -19,12 +19,12 @@ def check_tokenizer(tokenizer, name: str) -> None:
 
 def truncate_questions(questions: list[str], tokenizer, max_query_length: int) -> list[str]:
     """Cut each question to at most `max_query_length` tokens (cut on a token's character boundary)."""
+    # Strip before tokenising: the cut below uses the offsets of the very string it cuts. (Leading spaces
+    # only waste window room; stripped after tokenising, they shifted the cut past max_query_length tokens.)
+    questions = [q.lstrip() for q in questions]
     enc = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True)
-    out = []
-    for q, offsets in zip(questions, enc["offset_mapping"]):
-        q = q.lstrip()  # leading spaces only waste tokens and shift nothing we need
-        out.append(q if len(offsets) <= max_query_length else q[: offsets[max_query_length - 1][1]])
-    return out
+    return [q if len(offsets) <= max_query_length else q[: offsets[max_query_length - 1][1]]
+            for q, offsets in zip(questions, enc["offset_mapping"])]
 
 
 def _windows(batch, tokenizer, max_seq_length, doc_stride, max_query_length):

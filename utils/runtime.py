@@ -22,7 +22,7 @@ import datasets
 import torch
 import transformers
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, set_seed
+from accelerate.utils import DistributedType, broadcast_object_list, set_seed
 
 from utils.args import as_config
 from utils.errors import UserError
@@ -136,8 +136,16 @@ def list_checkpoints(ckpt_dir: str) -> list[str]:
 
 
 def _check_output_dir(accelerator, args):
+    failure = None
     if accelerator.is_main_process:
-        os.makedirs(args.output_dir, exist_ok=True)
+        try:
+            os.makedirs(args.output_dir, exist_ok=True)
+        except OSError as err:  # under a regular file, no permission, read-only file system, ...
+            failure = err.strerror or str(err)
+    if accelerator.num_processes > 1:  # every process stops, not only the one that tried
+        failure = broadcast_object_list([failure])[0]
+    if failure:
+        raise UserError(f"{args.output_dir}: cannot create the output directory ({failure})")
     existing = list_checkpoints(checkpoint_dir(args))
     if existing and args.resume_from_checkpoint is None:
         if not args.overwrite_output_dir:
