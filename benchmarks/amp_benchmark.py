@@ -58,7 +58,8 @@ def config_model(spec: str) -> str:
     return path
 
 
-def run(task, precision, args, out_dir, extra=()):
+def script_command(task, precision, args, out_dir, extra=()) -> list[str]:
+    """[script, its arguments...] for one configuration (gpu_check.py reruns the same command to kill and resume it)."""
     steps = args.dpr_steps if task == "dpr" and args.dpr_steps else args.steps
     if task == "reader":
         cmd = ["train_reader.py", "--train_file", args.squad_train, "--validation_file", args.squad_dev,
@@ -73,7 +74,13 @@ def run(task, precision, args, out_dir, extra=()):
     cmd += ["--output_dir", out_dir, "--overwrite_output_dir", "--mixed_precision", precision,
             "--max_train_steps", steps, "--logging_steps", args.warmup_steps, "--eval_before_training", "false",
             "--per_device_train_batch_size", args.batch_size, "--seed", args.seed, *extra]
-    cmd = [sys.executable, os.path.join(ROOT, cmd[0]), *map(str, cmd[1:])]
+    return list(map(str, cmd))
+
+
+def run(task, precision, args, out_dir, extra=()):
+    steps = args.dpr_steps if task == "dpr" and args.dpr_steps else args.steps
+    script, *script_args = script_command(task, precision, args, out_dir, extra)
+    cmd = [sys.executable, os.path.join(ROOT, script), *script_args]
     print("$", " ".join(map(str, cmd)), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     results = json.load(open(os.path.join(out_dir, "eval_results.json")))
