@@ -121,17 +121,22 @@ class DPRArgs(TrainArgs):
 
 # --- data ------------------------------------------------------------------------------------------
 
+def _tokenize(tokenizer, texts, pairs, max_length):
+    """Padded to the batch's longest, rounded up to a multiple of 8 (tensor-core shapes) when the length cap is
+    one too (the tokenizer refuses to round past a cap that is not)."""
+    return tokenizer(*((texts, pairs) if pairs else (texts,)), truncation="only_second" if pairs else True,
+                     max_length=max_length, padding=True, pad_to_multiple_of=8 if max_length % 8 == 0 else None,
+                     return_tensors="pt")
+
+
 def passage_texts(tokenizer, ctxs, args):
     if args.embed_title:
-        return tokenizer([c["title"] for c in ctxs], [c["text"] for c in ctxs], truncation="only_second",
-                         max_length=args.max_passage_length, padding=True, pad_to_multiple_of=8, return_tensors="pt")
-    return tokenizer([c["text"] for c in ctxs], truncation=True, max_length=args.max_passage_length, padding=True,
-                     pad_to_multiple_of=8, return_tensors="pt")
+        return _tokenize(tokenizer, [c["title"] for c in ctxs], [c["text"] for c in ctxs], args.max_passage_length)
+    return _tokenize(tokenizer, [c["text"] for c in ctxs], None, args.max_passage_length)
 
 
 def question_texts(tokenizer, questions, args):
-    return tokenizer(questions, truncation=True, max_length=args.max_query_length, padding=True, pad_to_multiple_of=8,
-                     return_tensors="pt")
+    return _tokenize(tokenizer, questions, None, args.max_query_length)
 
 
 class TrainCollator:

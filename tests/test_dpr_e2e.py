@@ -90,6 +90,8 @@ def test_sigkilled_run_resumes_to_the_same_weights(tiny_bert_dir, tmp_path, extr
     (lambda t: ["--train_file", str(t / "none.json"), "--validation_file", f"{SAMPLE}/dpr_dev.json"], "no such file"),
     (lambda t: ["--pooling", "mean", "--export_dpr"], "--export_dpr needs --pooling cls"),
     (lambda t: ["--mixed_precision", "fp16"], "fp16 mixed precision needs a GPU"),
+    (lambda t: ["--metric_for_best_model", "top3"], "--metric_for_best_model top3: not a metric of this run; "
+     "choose one of top1, top5, top20, top100, mrr@10, mean_rank, in_batch_avg_rank"),
 ])
 def test_bad_input_is_one_line_nonzero_exit_and_no_model(tmp_path, make_args, expected):
     out = tmp_path / "out"

@@ -11,7 +11,10 @@ from transformers import AutoModelForQuestionAnswering
 
 from conftest import ROOT
 from utils.bi_encoder import BiEncoder
-from utils.training import build_optimizer
+from utils.training import build_optimizer, load_weights
+
+
+CPU = torch.device("cpu")
 
 
 def optimizer_args(freeze: bool):
@@ -26,7 +29,7 @@ def train_one_step(model, optimizer, loss_fn):
 def test_frozen_word_embeddings_stay_put_while_the_rest_trains(tiny_bert_dir):
     model = AutoModelForQuestionAnswering.from_pretrained(tiny_bert_dir)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    optimizer = build_optimizer(model, optimizer_args(freeze=True))
+    optimizer = build_optimizer(model, optimizer_args(freeze=True), CPU)
     ids = torch.randint(1000, 2000, (2, 12))
     train_one_step(model, optimizer, lambda m: m(input_ids=ids).start_logits.logsumexp(-1).sum())
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
@@ -40,7 +43,7 @@ def test_frozen_word_embeddings_stay_put_while_the_rest_trains(tiny_bert_dir):
 def test_without_the_flag_word_embeddings_train(tiny_bert_dir):
     model = AutoModelForQuestionAnswering.from_pretrained(tiny_bert_dir)
     before = model.get_input_embeddings().weight.detach().clone()
-    optimizer = build_optimizer(model, optimizer_args(freeze=False))
+    optimizer = build_optimizer(model, optimizer_args(freeze=False), CPU)
     ids = torch.randint(1000, 2000, (2, 12))
     train_one_step(model, optimizer, lambda m: m(input_ids=ids).start_logits.logsumexp(-1).sum())
     assert not torch.equal(model.get_input_embeddings().weight, before)
@@ -49,7 +52,7 @@ def test_without_the_flag_word_embeddings_train(tiny_bert_dir):
 @pytest.mark.parametrize("shared", [False, True])
 def test_freezing_reaches_both_encoders_of_a_bi_encoder(tiny_bert_dir, shared):
     model = BiEncoder.from_pretrained(tiny_bert_dir, tiny_bert_dir, shared=shared, pooling="mean", normalize=False)
-    build_optimizer(model, optimizer_args(freeze=True))
+    build_optimizer(model, optimizer_args(freeze=True), CPU)
     encoders = [model.query_encoder] + ([] if shared else [model.passage_encoder])
     assert all(not e.get_input_embeddings().weight.requires_grad for e in encoders)
     assert all(e.encoder.layer[0].output.dense.weight.requires_grad for e in encoders)
@@ -83,3 +86,37 @@ def test_cpu_runs_keep_freed_memory_mapped_for_reuse():
 
     assert held_after_free("default") < 64  # unmapped at once
     assert held_after_free("tuned") > 448  # still mapped, ready for the next step
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_optimizer_is_fused_on_the_device_the_run_trains_on(tiny_bert_dir, device):
+    """Chosen from accelerator.device: before prepare() the parameters are still on the CPU, so looking at them
+    would never give a CUDA run the fused kernel."""
+    model = AutoModelForQuestionAnswering.from_pretrained(tiny_bert_dir)
+    optimizer = build_optimizer(model, optimizer_args(freeze=False), torch.device(device))
+    assert optimizer.defaults["fused"] is True and not optimizer.defaults["foreach"]
+
+
+def test_restoring_weights_whose_names_do_not_fit_is_an_error_not_a_no_op(tiny_bert_dir, tmp_path):
+    from safetensors.torch import save_file
+
+    model = AutoModelForQuestionAnswering.from_pretrained(tiny_bert_dir)
+    renamed = {f"_fsdp_wrapped_module.{k}": v.clone() for k, v in model.state_dict().items()}  # a wrapper's names
+    save_file(renamed, str(tmp_path / "model.safetensors"))
+    with pytest.raises(RuntimeError, match="missing"):
+        load_weights(model, str(tmp_path / "model.safetensors"))
+    save_file({k: v.clone() for k, v in model.state_dict().items()}, str(tmp_path / "same.safetensors"))
+    load_weights(model, str(tmp_path / "same.safetensors"))
+
+
+def test_grad_cache_under_deepspeed_is_refused():
+    from accelerate.utils import DistributedType
+
+    from train_dpr import DPRArgs
+    from utils.args import parse_args
+    from utils.errors import UserError
+
+    args = parse_args(DPRArgs, ["--grad_cache_chunk_size", "4"])
+    args.check_distributed(DistributedType.MULTI_GPU)
+    with pytest.raises(UserError, match="does not work under DeepSpeed"):
+        args.check_distributed(DistributedType.DEEPSPEED)
