@@ -161,3 +161,19 @@ def test_the_best_model_travels_with_its_checkpoint(tiny_bert_dir, tmp_path):
     assert "restoring the best model (update 2" in proc.stderr
     assert json.load(open(os.path.join(moved, "eval_results.json")))["best_update"] == 2
     assert_same_weights(os.path.join(ref, "model.safetensors"), os.path.join(moved, "model.safetensors"))
+
+
+def test_an_epochs_last_partial_accumulation_window_is_a_full_weight_update(tiny_bert_no_dropout_dir, tmp_path):
+    """24 windows in batches of 8 with accumulation 2: the epoch's second update has one micro-batch. Its gradient
+    must be that micro-batch's own (as with no accumulation), not half of it. The learning rate is negligible, so
+    both runs see the same weights and the logged (pre-clipping) gradient norms compare directly."""
+    norms = {}
+    for accumulation in (1, 2):
+        out = str(tmp_path / f"acc{accumulation}")
+        run_script("train_reader.py", *tiny_args(tiny_bert_no_dropout_dir, out, "--max_train_samples", 24,
+                                                  "--num_train_epochs", 1, "--gradient_accumulation_steps",
+                                                  accumulation, "--learning_rate", 1e-12, "--logging_steps", 1,
+                                                  "--max_eval_samples", 8))
+        norms[accumulation] = [r["grad_norm"] for r in read_log(out)]
+    assert len(norms[1]) == 3 and len(norms[2]) == 2
+    torch.testing.assert_close(norms[2][1], norms[1][2], rtol=1e-4, atol=0)
