@@ -18,14 +18,20 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       The real-data result in the README: 2-core CPU, bf16, 28 minutes, ~11.8 train windows/s, dev F1 56.9 at
       the dev-tuned null threshold (53.8 at threshold 0).
 
-Skeleton (same in train_dpr.py): setup -> data -> model -> fit -> validate. The output directory
-ends with a model that loads in `transformers.pipeline("question-answering", model=output_dir)`,
-predictions.json (id -> answer, "" = no answer), eval_results.json and train_log.jsonl.
+  python train_reader.py --model_name_or_path outputs/reader-squad --do_train false \
+      --validation_file ../shared/data/squad/dev.json --predict_file questions.jsonl --output_dir outputs/eval
+      Use a trained reader as it was trained (its reader_settings.json: null threshold, windows): EM/F1 at
+      the recorded threshold, at 0 and tuned on the file (an upper bound); predictions.json and nbest.json.
+
+Skeleton (same in train_dpr.py): setup -> data -> model -> fit -> validate. The output directory ends with the
+model and reader_settings.json (load it with utils.reader.Reader), predictions.json (id -> answer, "" = no
+answer), eval_results.json and train_log.jsonl.
 """
 
 import hashlib
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -38,13 +44,14 @@ from utils.args import TrainArgs, arg, check_max_length, packaged_minilm, parse_
 from utils.batching import LengthGroupedBatchSampler, pad_batch
 from utils.errors import UserError, exit_on_user_error
 from utils.features_cache import cached_map
-from utils.qa_decoding import apply_null_threshold, decode_predictions
+from utils.qa_decoding import apply_null_threshold
 from utils.qa_features import check_tokenizer, prepare_eval_features, prepare_train_features
 from utils.qa_metrics import best_null_threshold, squad_metrics
+from utils.reader import MODEL_INPUTS, ReaderSettings, decode, span_logits
 from utils.runtime import finish, publish_dir, setup, write_json
 from utils.squad_data import is_impossible, load_squad, split_by_article
-from utils.training import (Task, build_optimizer, build_scheduler, evaluate_before_training, fit, load_weights,
-                            plan_steps, run_summary)
+from utils.training import (Task, build_optimizer, build_scheduler, evaluate, evaluate_before_training, fit,
+                            load_weights, plan_steps, run_summary)
 
 logger = logging.getLogger("qa-amp")
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
@@ -63,13 +70,24 @@ class ReaderArgs(TrainArgs):
     dataset_name: Optional[str] = arg(None, "Hugging Face hub dataset (e.g. squad_v2) instead of files; needs "
                                       "network access.")
     dataset_config_name: Optional[str] = arg(None, "Config of --dataset_name.")
-    max_seq_length: int = arg(384, "Tokens per window (question + context + special tokens).")
+    do_train: bool = arg(True, "Train. With false, only evaluate (--validation_file) and/or predict (--predict_file) "
+                         "with --model_name_or_path, e.g. a reader trained here: its recorded null threshold and "
+                         "decoding settings (reader_settings.json) apply.")
+    predict_file: Optional[str] = arg(None, "With --do_train false: questions to answer, SQuAD-format JSON (answers "
+                                      "optional) or JSON lines of {id, question, context}; writes predictions.json "
+                                      "and nbest.json.")
+    max_seq_length: Optional[int] = arg(None, "Tokens per window (question + context + special tokens). Default: the "
+                                        "model's recorded setting (reader_settings.json), else 384.")
     pad_to_max_length: bool = arg(False, "Pad every window to --max_seq_length (static shapes) instead of to the "
                                   "longest in the batch. Slower; for hardware that recompiles on new shapes.")
-    doc_stride: int = arg(128, "Overlap in tokens between consecutive windows of a long context.")
-    max_query_length: int = arg(64, "Questions are cut to this many tokens.")
-    n_best_size: int = arg(20, "Start and end candidates per window in span decoding.")
-    max_answer_length: int = arg(30, "Longest answer span, in tokens.")
+    doc_stride: Optional[int] = arg(None, "Overlap in tokens between consecutive windows of a long context. "
+                                    "Default: the model's recorded setting, else 128.")
+    max_query_length: Optional[int] = arg(None, "Questions are cut to this many tokens. Default: the model's "
+                                          "recorded setting, else 64.")
+    n_best_size: Optional[int] = arg(None, "Start and end candidates per window in span decoding (and spans in "
+                                     "nbest.json). Default: the model's recorded setting, else 20.")
+    max_answer_length: Optional[int] = arg(None, "Longest answer span, in tokens. Default: the model's recorded "
+                                           "setting, else 30.")
     output_dir: str = arg("outputs/reader", "Where the final model, metrics, predictions and checkpoints go.")
     learning_rate: float = arg(1e-4, "Peak learning rate of AdamW.")
     num_train_epochs: Optional[float] = arg(None, "Training epochs (fractions allowed; default 8 on the shipped "
@@ -77,9 +95,20 @@ class ReaderArgs(TrainArgs):
     per_device_train_batch_size: int = arg(16, "Micro-batch size per process (in windows).")
 
     def validate(self):
+        recorded = ReaderSettings.load(self.model_name_or_path) or ReaderSettings()
+        for name in ("max_seq_length", "doc_stride", "max_query_length", "n_best_size", "max_answer_length"):
+            if getattr(self, name) is None:
+                setattr(self, name, getattr(recorded, name))
         if self.dataset_name and (self.train_file or self.validation_file):
             raise UserError("give either --dataset_name or --train_file/--validation_file, not both")
-        if self.train_file is None and self.dataset_name is None:
+        if not self.do_train:
+            if self.train_file or self.dataset_name or self.dev_split:
+                raise UserError("--do_train false only evaluates and predicts: drop --train_file/--dataset_name/--dev_split")
+            if not (self.validation_file or self.predict_file):
+                raise UserError("--do_train false needs --validation_file (evaluate) and/or --predict_file (predict)")
+        elif self.predict_file:
+            raise UserError("--predict_file needs --do_train false (predict with a trained reader)")
+        elif self.train_file is None and self.dataset_name is None:
             if self.validation_file or self.dev_split:
                 raise UserError("--validation_file/--dev_split need a --train_file")
             self.train_file = os.path.join(SAMPLE_DIR, "train.json")
@@ -93,8 +122,10 @@ class ReaderArgs(TrainArgs):
                 raise UserError(f"--dev_split must be a fraction in (0, 1) (got {self.dev_split})")
             if self.validation_file or self.dataset_name:
                 raise UserError("--dev_split carves the dev set out of --train_file; drop --validation_file")
-        elif self.train_file and not self.validation_file:
+        elif self.train_file and not self.validation_file and self.do_train:
             raise UserError("give --validation_file, or --dev_split F to hold out a fraction of the train articles")
+        if self.n_best_size < 1 or self.max_answer_length < 1:
+            raise UserError("--n_best_size and --max_answer_length must be at least 1")
         if self.max_query_length < 1 or self.max_seq_length < self.max_query_length + 16:
             raise UserError("--max_seq_length must leave room for the context after --max_query_length")
         if not 0 <= self.doc_stride < self.max_seq_length - self.max_query_length - 3:
@@ -137,7 +168,22 @@ def tokenize(accelerator, args, tokenizer, examples, for_training: bool):
                       args.cache_dir, args.preprocessing_num_workers)
 
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+@dataclass
+class Split:
+    """Examples to answer, their windows, and a prepared loader over the windows (in order)."""
+
+    examples: list[dict]
+    features: object  # datasets.Dataset with example_id and offset_mapping
+    loader: DataLoader
+
+
+def prepare_split(accelerator, args, tokenizer, examples, collate) -> Split:
+    features = tokenize(accelerator, args, tokenizer, examples, for_training=False)
+    if len(features) == 0:
+        raise UserError("no evaluation windows after tokenisation")
+    inputs = [c for c in MODEL_INPUTS if c in features.column_names]
+    loader = DataLoader(features.select_columns(inputs), batch_size=args.per_device_eval_batch_size, collate_fn=collate)
+    return Split(examples, features, accelerator.prepare(loader))
 
 
 # --- the task the shared loop trains -----------------------------------------------------------------
@@ -145,16 +191,17 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 class ReaderTask(Task):
     tracker_project = "qa-amp-reader"
 
-    def __init__(self, accelerator, args, tokenizer, dev_examples, dev_features, dev_loader, with_no_answer):
+    def __init__(self, accelerator, args, tokenizer, dev: Split, with_no_answer, recorded: ReaderSettings | None = None):
+        """`recorded`: the settings of a trained reader being evaluated as it is; its threshold is then the one
+        predictions use (and `recorded_*` metrics report), next to threshold 0 and the threshold tuned on `dev`."""
         self.accelerator, self.args, self.tokenizer = accelerator, args, tokenizer
-        self.dev_examples, self.dev_features, self.dev_loader = dev_examples, dev_features, dev_loader
-        self.with_no_answer = with_no_answer
+        self.dev, self.with_no_answer, self.recorded = dev, with_no_answer, recorded
 
     @property
     def metric_names(self) -> list[str]:
         """What `evaluate` reports, from the same functions: squad_metrics' names for this dev set (HasAns/NoAns
         only where such questions exist), then for SQuAD v2 the same at the dev-tuned threshold."""
-        refs = {ex["id"]: ex["answers"]["text"] for ex in self.dev_examples}
+        refs = {ex["id"]: ex["answers"]["text"] for ex in self.dev.examples}
         names = list(squad_metrics(refs, dict.fromkeys(refs, "")))
         if self.with_no_answer:
             names += [f"tuned_{k}" for k in names if "total" not in k] + ["null_threshold"]
@@ -169,29 +216,31 @@ class ReaderTask(Task):
         return sum(F.cross_entropy(logits.float().masked_fill(padding, -1e4), target)
                    for logits, target in zip((out.start_logits, out.end_logits), labels)) / 2
 
+    def decode(self, model, split: Split) -> dict:
+        """The same decoding as utils.reader.Reader, with the windows' logits gathered across processes: padded to
+        a common width, without the duplicates that even batching adds."""
+        acc = self.accelerator
+        gather = lambda t: acc.gather_for_metrics(acc.pad_across_processes(t, dim=1, pad_index=-1e4))  # noqa: E731
+        starts, ends = span_logits(model, split.loader, gather)
+        return decode(split.examples, split.features, starts, ends, self.args)
+
     def evaluate(self, model) -> dict:
-        acc, starts, ends = self.accelerator, [], []
-        for batch in self.dev_loader:
-            out = model(**batch)
-            for logits, sink in ((out.start_logits, starts), (out.end_logits, ends)):
-                # Pad to a common width across processes, gather without the duplicates that even
-                # batching adds, and decode in fp32 whatever precision the forward ran in.
-                logits = acc.pad_across_processes(logits.float(), dim=1, pad_index=-1e4)
-                sink.extend(acc.gather_for_metrics(logits).cpu().numpy())
-        feats = self.dev_features
-        decoded = decode_predictions([ex["id"] for ex in self.dev_examples], feats["example_id"],
-                                     feats["offset_mapping"], starts, ends, self.args.n_best_size,
-                                     self.args.max_answer_length, {ex["id"]: ex["context"] for ex in self.dev_examples})
-        refs = {ex["id"]: ex["answers"]["text"] for ex in self.dev_examples}
+        decoded = self.decode(model, self.dev)
+        refs = {ex["id"]: ex["answers"]["text"] for ex in self.dev.examples}
         if not self.with_no_answer:  # SQuAD v1.1: every question has an answer, no threshold
-            predictions = {i: d["text"] for i, d in decoded.items()}
-            return {"metrics": squad_metrics(refs, predictions), "predictions": predictions, "decoded": decoded}
-        metrics = squad_metrics(refs, apply_null_threshold(decoded, 0.0))
-        _, threshold = best_null_threshold(refs, {i: d["text"] for i, d in decoded.items()},
-                                           {i: d["null_minus_best"] for i, d in decoded.items()})
-        predictions = apply_null_threshold(decoded, threshold)
-        metrics.update({f"tuned_{k}": v for k, v in squad_metrics(refs, predictions).items() if "total" not in k})
-        metrics["null_threshold"] = threshold
+            predictions = apply_null_threshold(decoded, None)
+            metrics = squad_metrics(refs, predictions)
+        else:
+            metrics = squad_metrics(refs, apply_null_threshold(decoded, 0.0))
+            _, threshold = best_null_threshold(refs, {i: d["text"] for i, d in decoded.items()},
+                                               {i: d["null_minus_best"] for i, d in decoded.items()})
+            predictions = apply_null_threshold(decoded, threshold)
+            metrics.update({f"tuned_{k}": v for k, v in squad_metrics(refs, predictions).items() if "total" not in k})
+            metrics["null_threshold"] = threshold
+        if self.recorded is not None:
+            predictions = apply_null_threshold(decoded, self.recorded.null_threshold)
+            metrics.update({f"recorded_{k}": v for k, v in squad_metrics(refs, predictions).items() if "total" not in k})
+            metrics["recorded_null_threshold"] = self.recorded.null_threshold
         return {"metrics": metrics, "predictions": predictions, "decoded": decoded}
 
     def save(self, model, directory, state_dict):
@@ -215,19 +264,16 @@ def main(argv=None):
         raise UserError(f"{args.model_name_or_path}: cannot load a tokenizer ({str(err).splitlines()[0]})") from None
     check_tokenizer(tokenizer, args.model_name_or_path)
     check_max_length(args.model_name_or_path, tokenizer, max_seq_length=args.max_seq_length)
+    pad_to = args.max_seq_length if args.pad_to_max_length else 8
+    collate = lambda rows: pad_batch(rows, tokenizer.pad_token_id, multiple=pad_to)  # noqa: E731
+    if not args.do_train:
+        return use_trained_reader(accelerator, args, tokenizer, collate)
     train_examples, dev_examples = load_examples(args)
     with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)
     train_features = tokenize(accelerator, args, tokenizer, train_examples, for_training=True)
-    dev_features = tokenize(accelerator, args, tokenizer, dev_examples, for_training=False)
-    if len(train_features) == 0 or len(dev_features) == 0:
-        raise UserError("no training or evaluation windows after tokenisation")
-    logger.info("train: %d examples -> %d windows; dev: %d examples -> %d windows; SQuAD %s",
-                len(train_examples), len(train_features), len(dev_examples), len(dev_features),
-                "v2 (with unanswerable questions)" if with_no_answer else "v1.1")
-
+    if len(train_features) == 0:
+        raise UserError("no training windows after tokenisation")
     inputs = [c for c in MODEL_INPUTS if c in train_features.column_names]
-    pad_to = args.max_seq_length if args.pad_to_max_length else 8
-    collate = lambda rows: pad_batch(rows, tokenizer.pad_token_id, multiple=pad_to)  # noqa: E731
     batch_sampler = LengthGroupedBatchSampler([len(x) for x in train_features["input_ids"]],
                                               args.per_device_train_batch_size, args.seed, args.group_by_length)
     train_loader = DataLoader(train_features.select_columns(inputs + ["start_positions", "end_positions"]),
@@ -235,19 +281,18 @@ def main(argv=None):
                               # Own generator: creating an iterator must not draw from the global RNG, or a
                               # resumed run's dropout masks would differ from an uninterrupted run's.
                               generator=torch.Generator().manual_seed(args.seed))
-    dev_loader = DataLoader(dev_features.select_columns(inputs), batch_size=args.per_device_eval_batch_size,
-                            collate_fn=collate)
+    dev = prepare_split(accelerator, args, tokenizer, dev_examples, collate)
+    logger.info("train: %d examples -> %d windows; dev: %d examples -> %d windows; SQuAD %s",
+                len(train_examples), len(train_features), len(dev_examples), len(dev.features),
+                "v2 (with unanswerable questions)" if with_no_answer else "v1.1")
 
     # --- model ---------------------------------------------------------------------------------------
-    try:
-        model = AutoModelForQuestionAnswering.from_pretrained(args.model_name_or_path)
-    except (OSError, ValueError) as err:
-        raise UserError(f"{args.model_name_or_path}: cannot load a QA model ({str(err).splitlines()[0]})") from None
+    model = load_model(args)
     optimizer = build_optimizer(model, args, accelerator.device)
-    model, optimizer, train_loader, dev_loader = accelerator.prepare(model, optimizer, train_loader, dev_loader)
+    model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
     plan = plan_steps(args, train_loader)  # from the prepared loader: this process's real share
     scheduler = build_scheduler(optimizer, args, plan.total_updates)
-    task = ReaderTask(accelerator, args, tokenizer, dev_examples, dev_features, dev_loader, with_no_answer)
+    task = ReaderTask(accelerator, args, tokenizer, dev, with_no_answer)
     task.check_metric_for_best_model(args.metric_for_best_model)
 
     before = evaluate_before_training(accelerator, args, task, model, _headline)
@@ -258,17 +303,78 @@ def main(argv=None):
     # --- validate and publish ------------------------------------------------------------------------
     accelerator.print("after training:  " + _headline(final["metrics"]))
     summary = run_summary(accelerator, optimizer, plan, state, final, before, "windows")
-    summary["predictions_null_threshold"] = final["metrics"].get("null_threshold")
+    # The model answers with the threshold its predictions.json used: tuned on dev for SQuAD v2 data,
+    # none (always answer) for v1.1. reader_settings.json carries it, and the windowing, with the weights.
+    settings = ReaderSettings(args.max_seq_length, args.doc_stride, args.max_query_length, args.n_best_size,
+                              args.max_answer_length, final["metrics"].get("null_threshold"))
+    summary["predictions_null_threshold"] = settings.null_threshold
     state_dict = accelerator.get_state_dict(model)  # every process: gathers FSDP/DeepSpeed shards
     with publish_dir(accelerator, args.output_dir) as tmp:
         if accelerator.is_main_process:
             task.save(accelerator.unwrap_model(model), tmp, state_dict)
-    write_json(accelerator, os.path.join(args.output_dir, "predictions.json"), final["predictions"])
-    write_json(accelerator, os.path.join(args.output_dir, "null_scores.json"),
-               {i: d["null_minus_best"] for i, d in final["decoded"].items()})
+            settings.save(tmp)
+    write_outputs(accelerator, args.output_dir, final)
     write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"), summary)
     accelerator.print(f"saved model, predictions.json and eval_results.json to {args.output_dir} "
                       f"({summary['train_windows_per_second']} train windows/s, {state.skipped_steps} skipped updates)")
+    finish(accelerator)
+
+
+def load_model(args):
+    try:
+        return AutoModelForQuestionAnswering.from_pretrained(args.model_name_or_path)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{args.model_name_or_path}: cannot load a QA model ({str(err).splitlines()[0]})") from None
+
+
+def write_outputs(accelerator, directory, result):
+    write_json(accelerator, os.path.join(directory, "predictions.json"), result["predictions"])
+    write_json(accelerator, os.path.join(directory, "null_scores.json"),
+               {i: d["null_minus_best"] for i, d in result["decoded"].items()})
+
+
+def use_trained_reader(accelerator, args, tokenizer, collate):
+    """--do_train false: evaluate on --validation_file and/or answer --predict_file with the model as it was
+    saved (its recorded threshold; a model without reader_settings.json gets threshold 0, the pipeline's rule)."""
+    recorded = ReaderSettings.load(args.model_name_or_path) or ReaderSettings()
+    model = accelerator.prepare(load_model(args))
+    model.eval()
+    if args.validation_file:
+        examples, _ = load_squad(args.validation_file)
+        examples = examples[: args.max_eval_samples] if args.max_eval_samples else examples
+        split = prepare_split(accelerator, args, tokenizer, examples, collate)
+        task = ReaderTask(accelerator, args, tokenizer, split, any(is_impossible(ex) for ex in examples), recorded)
+        result = evaluate(task, model)
+        m = result["metrics"]
+        accelerator.print(f"{args.validation_file}, {len(examples)} questions\n"
+                          f"  at the model's recorded null threshold ({m['recorded_null_threshold']}): "
+                          f"EM {m['recorded_exact']:.2f} F1 {m['recorded_f1']:.2f} (predictions.json)\n"
+                          f"  at threshold 0: {_headline(m)} (tuned on this very file: an upper bound)")
+        write_outputs(accelerator, args.output_dir, result)
+        write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"),
+                   {"model": args.model_name_or_path, "file": args.validation_file, "metrics": m,
+                    "note": "recorded_*: the model's own threshold (what predictions.json uses); exact/f1/HasAns/NoAns: "
+                            "threshold 0; tuned_*: threshold tuned on this file, an upper bound"})
+    if args.predict_file:
+        examples, _ = load_squad(args.predict_file, labelled=False)
+        start = time.perf_counter()
+        split = prepare_split(accelerator, args, tokenizer, examples, collate)
+        task = ReaderTask(accelerator, args, tokenizer, split, False, recorded)
+        with torch.no_grad():
+            decoded = task.decode(model, split)
+        seconds = time.perf_counter() - start
+        predictions = apply_null_threshold(decoded, recorded.null_threshold)
+        write_json(accelerator, os.path.join(args.output_dir, "predictions.json"), predictions)
+        write_json(accelerator, os.path.join(args.output_dir, "nbest.json"), {
+            i: {"answer": predictions[i], "null_score": d["null_score"], "null_minus_best": d["null_minus_best"],
+                "nbest": d["nbest"]} for i, d in decoded.items()})
+        speed = {"questions": len(examples), "windows": len(split.features), "seconds": round(seconds, 2),
+                 "questions_per_second": round(len(examples) / seconds, 2), "null_threshold": recorded.null_threshold,
+                 "precision": accelerator.mixed_precision, "processes": accelerator.num_processes}
+        write_json(accelerator, os.path.join(args.output_dir, "predict_results.json"), speed)
+        accelerator.print(f"{args.predict_file}: answered {len(examples)} questions ({len(split.features)} windows) in "
+                          f"{seconds:.1f} s, {speed['questions_per_second']} questions/s; predictions.json and "
+                          f"nbest.json in {args.output_dir}")
     finish(accelerator)
 
 

@@ -15,17 +15,19 @@ import numpy as np
 
 def decode_predictions(example_ids, features_example_ids, features_offsets, start_logits, end_logits,
                        n_best_size=20, max_answer_length=30, contexts=None):
-    """Return {example_id: {"text", "score", "null_minus_best"}} for every example id given.
+    """Return {example_id: {"text", "score", "null_score", "null_minus_best", "nbest"}} for every example id.
 
     features_* are aligned with the rows of start_logits/end_logits (float arrays, one row per window,
-    possibly of different lengths); contexts maps example id -> context string.
+    possibly of different lengths); contexts maps example id -> context string. "nbest" lists the
+    `n_best_size` best distinct spans over all windows, best first, as {"text", "score", "start", "end"}
+    (character offsets into the context); "text"/"score" are its first entry.
     """
     windows = defaultdict(list)
     for f, ex_id in enumerate(features_example_ids):
         windows[ex_id].append(f)
     results = {}
     for ex_id in example_ids:
-        best_text, best_score, null_score = "", -np.inf, np.inf
+        spans, null_score = {}, np.inf  # (start char, end char) -> best score of that span over the windows
         for f in windows[ex_id]:
             starts, ends, offsets = np.asarray(start_logits[f]), np.asarray(end_logits[f]), features_offsets[f]
             n = min(len(offsets), len(starts))
@@ -38,15 +40,21 @@ def decode_predictions(example_ids, features_example_ids, features_offsets, star
                 for e in top_ends:
                     if offsets[e] is None or e < s or e - s + 1 > max_answer_length:
                         continue
-                    score = float(starts[s] + ends[e])
-                    if score > best_score:
-                        best_score = score
-                        best_text = contexts[ex_id][offsets[s][0]:offsets[e][1]]
-        results[ex_id] = {"text": best_text, "score": best_score,
-                          "null_minus_best": null_score - best_score if best_score > -np.inf else np.inf}
+                    span, score = (offsets[s][0], offsets[e][1]), float(starts[s] + ends[e])
+                    if score > spans.get(span, -np.inf):
+                        spans[span] = score
+        # Best first; among equal scores the earlier span.
+        best = sorted(spans.items(), key=lambda item: (-item[1], item[0]))[:n_best_size]
+        nbest = [{"text": contexts[ex_id][a:b], "score": score, "start": a, "end": b} for (a, b), score in best]
+        top = nbest[0] if nbest else {"text": "", "score": -np.inf}
+        results[ex_id] = {"text": top["text"], "score": top["score"], "null_score": null_score,
+                          "null_minus_best": null_score - top["score"] if nbest else np.inf, "nbest": nbest}
     return results
 
 
-def apply_null_threshold(decoded: dict, threshold: float) -> dict:
-    """{id: answer text}, "" where the null score beats the best span by more than `threshold`."""
+def apply_null_threshold(decoded: dict, threshold: float | None) -> dict:
+    """{id: answer text}, "" where the null score beats the best span by more than `threshold`. A threshold of
+    None (a model trained on SQuAD v1.1 data, where every question has an answer) always answers."""
+    if threshold is None:
+        return {i: d["text"] for i, d in decoded.items()}
     return {i: ("" if d["null_minus_best"] > threshold else d["text"]) for i, d in decoded.items()}

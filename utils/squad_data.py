@@ -33,8 +33,9 @@ def read_json(path: str):
         raise UserError(f"{path}: not valid JSON ({err})") from None
 
 
-def load_squad(path: str) -> tuple[list[dict], int]:
-    """Return (examples, number of repaired answer offsets) from a SQuAD-format file."""
+def load_squad(path: str, labelled: bool = True) -> tuple[list[dict], int]:
+    """Return (examples, number of repaired answer offsets) from a SQuAD-format file. With labelled=False
+    (questions to answer) answers are optional, so plain {"id", "question", "context"} rows are accepted."""
     raw = read_json(path)
     rows = raw["data"] if isinstance(raw, dict) and "data" in raw else raw
     if not isinstance(rows, list):
@@ -42,7 +43,8 @@ def load_squad(path: str) -> tuple[list[dict], int]:
     if not rows:
         raise UserError(f"{path}: the dataset is empty")
     nested = isinstance(rows[0], dict) and "question" not in rows[0] and "context" not in rows[0]
-    flat = _flatten_nested(rows, path) if nested else [_check_flat_row(r, i, path) for i, r in enumerate(rows)]
+    flat = (_flatten_nested(rows, path, labelled) if nested
+            else [_check_flat_row(r, i, path, labelled) for i, r in enumerate(rows)])
     if not flat:
         raise UserError(f"{path}: the dataset has no questions")
 
@@ -64,7 +66,11 @@ def _require(obj, key, kind, path, where):
     return value
 
 
-def _flatten_nested(articles, path):
+def _optional(obj, key, default, kind, path, where):
+    return _require(obj, key, kind, path, where) if isinstance(obj, dict) and key in obj else default
+
+
+def _flatten_nested(articles, path, labelled):
     flat = []
     for a, article in enumerate(articles):
         title = article.get("title", f"article-{a}") if isinstance(article, dict) else None
@@ -74,7 +80,8 @@ def _flatten_nested(articles, path):
                 qid = str(qa.get("id", f"{title}/{p}/{q}")) if isinstance(qa, dict) else f"{title}/{p}/{q}"
                 where = f"example {qid}"
                 question = _require(qa, "question", str, path, where)
-                answers = [] if qa.get("is_impossible") else _require(qa, "answers", list, path, where)
+                answers = ([] if qa.get("is_impossible") else _require(qa, "answers", list, path, where) if labelled
+                           else _optional(qa, "answers", [], list, path, where))
                 texts, starts = [], []
                 for ans in answers:
                     texts.append(_require(ans, "text", str, path, where))
@@ -84,10 +91,11 @@ def _flatten_nested(articles, path):
     return flat
 
 
-def _check_flat_row(row, i, path):
+def _check_flat_row(row, i, path, labelled):
     where = f"example {row.get('id', f'#{i}') if isinstance(row, dict) else f'#{i}'}"
     qid = _require(row, "id", (str, int), path, where)
-    answers = _require(row, "answers", dict, path, where)
+    answers = (_require(row, "answers", dict, path, where) if labelled
+               else _optional(row, "answers", {"text": [], "answer_start": []}, dict, path, where))
     texts = _require(answers, "text", list, path, where)
     starts = _require(answers, "answer_start", list, path, where)
     if len(texts) != len(starts) or not all(isinstance(t, str) for t in texts) \

@@ -1,0 +1,130 @@
+"""Using a trained reader: the evaluation mode, the predict mode and the Python API answer exactly as the
+training run's own predictions.json did (its recorded null threshold and decoding settings travel with it)."""
+
+import json
+import os
+
+import pytest
+
+from conftest import SAMPLE, assert_user_error, run_script
+from utils.reader import Reader, ReaderSettings
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_bert_dir, tmp_path_factory):
+    """A reader trained on the shipped sample (fp32: the API runs in fp32 too)."""
+    out = str(tmp_path_factory.mktemp("reader") / "out")
+    run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", out,
+               "--per_device_train_batch_size", 8, "--learning_rate", 1e-3, "--max_train_steps", 40,
+               "--eval_before_training", "false", "--n_best_size", 5, "--max_answer_length", 12)
+    return out
+
+
+def dev_examples():
+    return [{"id": q["id"], "question": q["question"], "context": p["context"]}
+            for a in json.load(open(f"{SAMPLE}/dev.json"))["data"] for p in a["paragraphs"] for q in p["qas"]]
+
+
+def test_the_saved_directory_records_threshold_and_decoding_settings(trained):
+    settings = ReaderSettings.load(trained)
+    results = json.load(open(f"{trained}/eval_results.json"))
+    assert settings.null_threshold == results["metrics"]["null_threshold"] == results["predictions_null_threshold"]
+    assert (settings.n_best_size, settings.max_answer_length, settings.max_seq_length) == (5, 12, 384)
+
+
+def test_evaluation_mode_reproduces_the_runs_predictions_and_scores(trained, tmp_path):
+    out = str(tmp_path / "eval")
+    proc = run_script("train_reader.py", "--model_name_or_path", trained, "--validation_file", f"{SAMPLE}/dev.json",
+                      "--do_train", "false", "--output_dir", out)
+    assert "at the model's recorded null threshold" in proc.stdout and "an upper bound" in proc.stdout
+    assert json.load(open(f"{out}/predictions.json")) == json.load(open(f"{trained}/predictions.json"))
+    run, now = (json.load(open(f"{d}/eval_results.json"))["metrics"] for d in (trained, out))
+    for name in ("exact", "f1", "HasAns_f1", "NoAns_f1"):
+        assert now[f"recorded_{name}"] == run[f"tuned_{name}"]  # the run's predictions.json used its tuned threshold
+        assert now[name] == run[name]  # threshold 0
+    assert not os.path.exists(f"{out}/model.safetensors")
+
+
+def test_python_api_answers_as_the_run_did(trained):
+    examples = dev_examples()
+    reader = Reader(trained, device="cpu")
+    answers = reader.answer([(ex["question"], ex["context"]) for ex in examples])
+    predictions = json.load(open(f"{trained}/predictions.json"))
+    assert {ex["id"]: a["answer"] for ex, a in zip(examples, answers)} == predictions
+    for ex, a in zip(examples, answers):
+        if a["answer"]:
+            assert ex["context"][a["start"]:a["end"]] == a["answer"]
+        assert len(a["nbest"]) <= 5 and [s["score"] for s in a["nbest"]] == sorted((s["score"] for s in a["nbest"]),
+                                                                                    reverse=True)
+
+
+@pytest.mark.parametrize("layout", ["squad_without_answers", "jsonl"])
+def test_predict_mode_answers_every_question_of_an_unlabelled_file(trained, tmp_path, layout):
+    examples = dev_examples()
+    if layout == "jsonl":
+        path = tmp_path / "questions.jsonl"
+        path.write_text("".join(json.dumps(ex) + "\n" for ex in examples))
+    else:
+        data = json.load(open(f"{SAMPLE}/dev.json"))
+        for article in data["data"]:
+            for paragraph in article["paragraphs"]:
+                for qa in paragraph["qas"]:
+                    qa.pop("answers"), qa.pop("is_impossible", None)
+        path = tmp_path / "questions.json"
+        path.write_text(json.dumps(data))
+    out = str(tmp_path / "predict")
+    proc = run_script("train_reader.py", "--model_name_or_path", trained, "--predict_file", path, "--do_train", "false",
+                      "--output_dir", out)
+    assert "questions/s" in proc.stdout
+    predictions = json.load(open(f"{out}/predictions.json"))
+    assert predictions == json.load(open(f"{trained}/predictions.json"))  # every id, same threshold, same answers
+    nbest = json.load(open(f"{out}/nbest.json"))
+    assert nbest.keys() == predictions.keys()
+    for qid, entry in nbest.items():
+        assert {"answer", "null_score", "null_minus_best", "nbest"} <= entry.keys() and len(entry["nbest"]) <= 5
+        assert entry["answer"] in ["", *(span["text"] for span in entry["nbest"][:1])]
+    speed = json.load(open(f"{out}/predict_results.json"))
+    assert speed["questions"] == len(examples) and speed["questions_per_second"] > 0
+
+
+def test_a_malformed_predict_file_is_a_one_line_error(trained, tmp_path):
+    path = tmp_path / "questions.jsonl"
+    path.write_text(json.dumps({"id": "q1", "question": "Who?", "context": "Ada."}) + "\n"
+                    + json.dumps({"id": "q2", "question": "Where?"}) + "\n")
+    out = tmp_path / "predict"
+    proc = run_script("train_reader.py", "--model_name_or_path", trained, "--predict_file", path, "--do_train", "false",
+                      "--output_dir", out, check=False)
+    assert_user_error(proc, "questions.jsonl: example q2: missing key 'context'")
+    assert not (out / "predictions.json").exists()
+
+
+def test_predict_needs_no_training_flags_and_refuses_them(trained, tmp_path):
+    proc = run_script("train_reader.py", "--model_name_or_path", trained, "--predict_file", f"{SAMPLE}/dev.json",
+                      "--output_dir", tmp_path / "o", check=False)
+    assert_user_error(proc, "--predict_file needs --do_train false")
+    proc = run_script("train_reader.py", "--model_name_or_path", trained, "--do_train", "false",
+                      "--output_dir", tmp_path / "o", check=False)
+    assert_user_error(proc, "--do_train false needs --validation_file (evaluate) and/or --predict_file (predict)")
+
+
+def test_a_reader_trained_without_unanswerable_questions_always_answers(tmp_path):
+    ReaderSettings(null_threshold=None).save(str(tmp_path))
+    assert ReaderSettings.load(str(tmp_path)).null_threshold is None
+    from utils.qa_decoding import apply_null_threshold
+
+    assert apply_null_threshold({"a": {"text": "x", "null_minus_best": 99.0}}, None) == {"a": "x"}
+
+
+def test_evaluation_under_two_processes_gathers_every_question_once(trained, tmp_path):
+    from test_distributed import run_ddp
+
+    args = ["--model_name_or_path", trained, "--validation_file", f"{SAMPLE}/dev.json", "--do_train", "false",
+            "--per_device_eval_batch_size", 5]  # 52 questions: uneven batches, padded by Accelerate
+    single, ddp = str(tmp_path / "single"), str(tmp_path / "ddp")
+    run_script("train_reader.py", *args, "--output_dir", single)
+    proc = run_ddp("train_reader.py", *args, "--output_dir", ddp)
+    assert "processes=2" in proc.stdout
+    assert json.load(open(f"{ddp}/predictions.json")) == json.load(open(f"{single}/predictions.json"))
+    assert (json.load(open(f"{ddp}/eval_results.json"))["metrics"]
+            == json.load(open(f"{single}/eval_results.json"))["metrics"])
+    assert len(json.load(open(f"{ddp}/null_scores.json"))) == 52

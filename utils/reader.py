@@ -1,0 +1,118 @@
+"""Use a trained reader: answer questions as its training run did, with the run's own no-answer threshold.
+
+A reader trained by train_reader.py saves `reader_settings.json` beside its weights: the windowing and
+span-decoding settings of the run and the null threshold it tuned on its dev set. Everything that answers
+questions reads it and runs the same code: `Reader` (the Python API below), and `train_reader.py --do_train
+false` with `--validation_file` (evaluate) or `--predict_file` (predict), which is also how the run's own
+evaluation decodes (`span_logits` + `decode`).
+
+    from utils.reader import Reader
+    reader = Reader("outputs/reader")                       # model, tokenizer and reader_settings.json
+    for a in reader.answer([("Who built the loom?", "Ada built a loom in 1843.")]):
+        print(a["answer"] or "(no answer)", a["score"])    # "" when the model judges it unanswerable
+
+A directory without reader_settings.json (any transformers QA model) gets the defaults below and the
+threshold-0 rule of transformers' pipeline (`handle_impossible_answer`).
+"""
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch.utils.data import DataLoader
+
+from utils.batching import pad_batch
+from utils.qa_decoding import apply_null_threshold, decode_predictions
+from utils.qa_features import prepare_eval_features
+
+SETTINGS_FILE = "reader_settings.json"
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclass
+class ReaderSettings:
+    """How a reader turns a (question, context) pair into an answer."""
+
+    max_seq_length: int = 384
+    doc_stride: int = 128
+    max_query_length: int = 64
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    # Predict "" when the null score beats the best span by more than this; None (a model trained on SQuAD v1.1
+    # data, where every question has an answer) always answers.
+    null_threshold: float | None = 0.0
+
+    def save(self, directory: str) -> None:
+        with open(os.path.join(directory, SETTINGS_FILE), "w") as f:
+            json.dump(asdict(self), f, indent=1)
+
+    @classmethod
+    def load(cls, directory: str) -> "ReaderSettings | None":
+        """The settings saved in a model directory, None if it has none (or is a hub name)."""
+        path = os.path.join(directory, SETTINGS_FILE)
+        if not os.path.isfile(path):
+            return None
+        with open(path) as f:
+            saved = json.load(f)
+        return cls(**{f.name: saved[f.name] for f in fields(cls) if f.name in saved})
+
+
+def span_logits(model, loader, gather=None) -> tuple[list, list]:
+    """fp32 start and end logits of every window (numpy rows in loader order), whatever precision the forward ran
+    in. `gather` collects them across processes (evaluation under DDP)."""
+    starts, ends = [], []
+    for batch in loader:
+        out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
+        for logits, sink in ((out.start_logits, starts), (out.end_logits, ends)):
+            logits = logits.float()
+            sink.extend((gather(logits) if gather else logits).cpu().numpy())
+    return starts, ends
+
+
+def decode(examples: list[dict], features, starts, ends, settings) -> dict:
+    """{example id: best span, its score, the null score, the n best spans} (see qa_decoding)."""
+    return decode_predictions([ex["id"] for ex in examples], features["example_id"], features["offset_mapping"],
+                              starts, ends, settings.n_best_size, settings.max_answer_length,
+                              {ex["id"]: ex["context"] for ex in examples})
+
+
+class Reader:
+    """A trained reader loaded once; `answer` takes (question, context) pairs in batches."""
+
+    def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64):
+        from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForQuestionAnswering.from_pretrained(model_dir).to(self.device).eval()
+        self.settings = ReaderSettings.load(model_dir) or ReaderSettings()
+        self.batch_size = batch_size
+
+    def answer(self, pairs) -> list[dict]:
+        """For each (question, context): {"answer" ("" = no answer), "score" (start+end logit of the best span),
+        "null_minus_best" (what the threshold compares), "start"/"end" (character offsets, None for no answer),
+        "nbest" (the best spans with their scores)}."""
+        examples = [{"id": str(i), "question": q, "context": c} for i, (q, c) in enumerate(pairs)]
+        decoded = self.decode(examples)
+        answers = apply_null_threshold(decoded, self.settings.null_threshold)
+        out = []
+        for ex in examples:
+            d, text = decoded[ex["id"]], answers[ex["id"]]
+            span = d["nbest"][0] if text and d["nbest"] else None
+            out.append({"answer": text, "score": d["score"], "null_minus_best": d["null_minus_best"],
+                        "start": span and span["start"], "end": span and span["end"], "nbest": d["nbest"]})
+        return out
+
+    @torch.no_grad()
+    def decode(self, examples: list[dict]) -> dict:
+        """Windows, forward passes in batches of `batch_size` (padded as in evaluation), span decoding."""
+        s = self.settings
+        features = prepare_eval_features({k: [ex[k] for ex in examples] for k in ("id", "question", "context")},
+                                         self.tokenizer, s.max_seq_length, s.doc_stride, s.max_query_length)
+        inputs = [k for k in MODEL_INPUTS if k in features]
+        rows = [{k: features[k][i] for k in inputs} for i in range(len(features["input_ids"]))]
+        loader = DataLoader(rows, batch_size=self.batch_size, collate_fn=lambda r: {
+            k: v.to(self.device) for k, v in pad_batch(r, self.tokenizer.pad_token_id).items()})
+        starts, ends = span_logits(self.model, loader)
+        return decode(examples, features, starts, ends, s)
