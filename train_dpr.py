@@ -39,6 +39,7 @@ from utils.args import TrainArgs, arg, check_max_length, packaged_minilm, parse_
 from utils.batching import LengthGroupedBatchSampler
 from utils.bi_encoder import (BiEncoder, encoder_state, export_dpr, save_sentence_transformers_dir,
                               sentence_transformers_defaults)
+from utils.bm25 import BM25, reciprocal_rank_fusion
 from utils.dpr_data import evaluation_corpus, key_hash, load_dpr, load_passages, passage_key, training_passages
 from utils.dpr_loss import dpr_loss, global_loss, grad_cache_step
 from utils.errors import UserError, exit_on_user_error
@@ -169,10 +170,15 @@ class DPRTask(Task):
         self.question_loader = accelerator.prepare(DataLoader(
             [q["question"] for q in dev], batch_size=bs,
             collate_fn=lambda qs: {"query": dict(question_texts(q_tok, qs, args))}))
+        # BM25 over the same corpus, scored once: the baseline each evaluation compares the dense ranking with,
+        # and the lexical half of the hybrid (reciprocal-rank fusion of the two rankings).
+        self.bm25_scores = BM25(corpus).scores([q["question"] for q in dev])
+        self.bm25_ranks = gold_ranks(self.bm25_scores, self.gold)
 
     @property
     def metric_names(self) -> list[str]:
-        return list(retrieval_metrics(np.ones(1, dtype=np.int64))) + ["in_batch_avg_rank"]
+        names = list(retrieval_metrics(np.ones(1, dtype=np.int64)))
+        return names + ["in_batch_avg_rank"] + [f"{kind}_{n}" for kind in ("bm25", "hybrid") for n in names]
 
     @staticmethod
     def samples_in(batch):
@@ -203,12 +209,16 @@ class DPRTask(Task):
         q_emb = self._embed(model, self.question_loader, "query")
         scores = (q_emb @ p_emb.T).numpy()
         ranks = gold_ranks(scores, self.gold)
+        hybrid_ranks = gold_ranks(reciprocal_rank_fusion(scores, self.bm25_scores), self.gold)
         metrics = retrieval_metrics(ranks)
         metrics["in_batch_avg_rank"] = self._in_batch_rank(q_emb, p_emb)
+        for kind, r in (("bm25", self.bm25_ranks), ("hybrid", hybrid_ranks)):
+            metrics.update({f"{kind}_{k}": v for k, v in retrieval_metrics(r).items()})
         top = top_passages(scores, 20)
-        rankings = [{"id": q["id"], "question": q["question"], "gold_rank": int(r),
+        rankings = [{"id": q["id"], "question": q["question"], "gold_rank": int(r), "bm25_gold_rank": int(b),
+                     "hybrid_gold_rank": int(h),
                      "top20": [self.corpus[j]["passage_id"] or self.corpus[j]["text"][:80] for j in t]}
-                    for q, r, t in zip(self.dev, ranks, top)]
+                    for q, r, b, h, t in zip(self.dev, ranks, self.bm25_ranks, hybrid_ranks, top)]
         return {"metrics": metrics, "rankings": rankings}
 
     def _in_batch_rank(self, q_emb, p_emb) -> float:
@@ -322,7 +332,9 @@ def main(argv=None):
 
 def _headline(m: dict) -> str:
     return (f"top1 {m['top1']:.1f} top5 {m['top5']:.1f} top20 {m['top20']:.1f} MRR@10 {m['mrr@10']:.3f} "
-            f"mean rank {m['mean_rank']:.1f} in-batch avg rank {m['in_batch_avg_rank']:.2f}")
+            f"mean rank {m['mean_rank']:.1f} in-batch avg rank {m['in_batch_avg_rank']:.2f} | BM25 top1 "
+            f"{m['bm25_top1']:.1f} MRR@10 {m['bm25_mrr@10']:.3f} | hybrid (RRF) top1 {m['hybrid_top1']:.1f} "
+            f"MRR@10 {m['hybrid_mrr@10']:.3f}")
 
 
 if __name__ == "__main__":

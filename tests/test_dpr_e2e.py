@@ -28,9 +28,13 @@ def test_training_lowers_the_loss_and_exports_load_with_identical_embeddings(tin
     log = [json.loads(line) for line in open(os.path.join(out, "train_log.jsonl"))]
     assert log[-1]["loss"] < log[0]["loss"] - 0.3, log
     results = json.load(open(os.path.join(out, "eval_results.json")))
-    assert {"top1", "top5", "top20", "top100", "mrr@10", "mean_rank", "in_batch_avg_rank"} <= set(results["metrics"])
+    assert {"top1", "top5", "top20", "top100", "mrr@10", "mean_rank", "in_batch_avg_rank", "bm25_top1", "bm25_mrr@10",
+            "hybrid_top1", "hybrid_mrr@10"} <= set(results["metrics"])
     rankings = [json.loads(line) for line in open(os.path.join(out, "rankings.jsonl"))]
     assert len(rankings) == 44 and all(len(r["top20"]) == 20 for r in rankings)
+    ranked = [(r["gold_rank"], r["bm25_gold_rank"], r["hybrid_gold_rank"]) for r in rankings]
+    for kind, column in (("", 0), ("bm25_", 1), ("hybrid_", 2)):
+        assert results["metrics"][f"{kind}top1"] == pytest.approx(100 * sum(r[column] == 1 for r in ranked) / 44)
 
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer, DPRContextEncoder, DPRQuestionEncoder

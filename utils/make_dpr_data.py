@@ -14,8 +14,7 @@ import json
 import random
 import sys
 
-import bm25s
-
+from utils.bm25 import BM25
 from utils.errors import UserError, exit_on_user_error
 from utils.squad_data import load_squad
 
@@ -33,12 +32,7 @@ def build(examples: list[dict], num_hard_negatives: int, num_negatives: int, see
     if not questions:
         raise UserError("no answerable questions to build DPR examples from")
 
-    retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize([f"{p['title']} {p['text']}" for p in passages], stopwords="en",
-                                   show_progress=False), show_progress=False)
-    depth = min(len(passages), num_hard_negatives + 50)
-    hits, scores = retriever.retrieve(bm25s.tokenize([q["question"] for q in questions], stopwords="en",
-                                                     show_progress=False), k=depth, show_progress=False)
+    hits, scores = BM25(passages).top([q["question"] for q in questions], num_hard_negatives + 50)
     rng = random.Random(seed)
     out = []
     for q, ranked, ranked_scores in zip(questions, hits, scores):
