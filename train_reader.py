@@ -19,7 +19,7 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       the dev-tuned null threshold (53.8 at threshold 0).
 
   python train_reader.py --model_name_or_path outputs/reader-squad --do_train false \
-      --validation_file ../shared/data/squad/dev.json --predict_file questions.jsonl --output_dir outputs/eval
+      --validation_file ../shared/data/squad/dev.json --output_dir outputs/eval   (or --predict_file questions.jsonl)
       Use a trained reader as it was trained (its reader_settings.json: null threshold, windows): EM/F1 at
       the recorded threshold, at 0 and tuned on the file (an upper bound); predictions.json and nbest.json.
 
@@ -70,12 +70,12 @@ class ReaderArgs(TrainArgs):
     dataset_name: Optional[str] = arg(None, "Hugging Face hub dataset (e.g. squad_v2) instead of files; needs "
                                       "network access.")
     dataset_config_name: Optional[str] = arg(None, "Config of --dataset_name.")
-    do_train: bool = arg(True, "Train. With false, only evaluate (--validation_file) and/or predict (--predict_file) "
+    do_train: bool = arg(True, "Train. With false, only evaluate (--validation_file) or predict (--predict_file) "
                          "with --model_name_or_path, e.g. a reader trained here: its recorded null threshold and "
                          "decoding settings (reader_settings.json) apply.")
     predict_file: Optional[str] = arg(None, "With --do_train false: questions to answer, SQuAD-format JSON (answers "
-                                      "optional) or JSON lines of {id, question, context}; writes predictions.json "
-                                      "and nbest.json.")
+                                      "optional) or a .jsonl file of {id, question, context} lines; writes "
+                                      "predictions.json and nbest.json.")
     max_seq_length: Optional[int] = arg(None, "Tokens per window (question + context + special tokens). Default: the "
                                         "model's recorded setting (reader_settings.json), else 384.")
     pad_to_max_length: bool = arg(False, "Pad every window to --max_seq_length (static shapes) instead of to the "
@@ -105,7 +105,12 @@ class ReaderArgs(TrainArgs):
             if self.train_file or self.dataset_name or self.dev_split:
                 raise UserError("--do_train false only evaluates and predicts: drop --train_file/--dataset_name/--dev_split")
             if not (self.validation_file or self.predict_file):
-                raise UserError("--do_train false needs --validation_file (evaluate) and/or --predict_file (predict)")
+                raise UserError("--do_train false needs --validation_file (evaluate) or --predict_file (predict)")
+            if self.validation_file and self.predict_file:
+                raise UserError("give --validation_file or --predict_file, not both: each writes predictions.json")
+            if os.path.abspath(self.output_dir) == os.path.abspath(self.model_name_or_path):
+                raise UserError("--output_dir is the model directory: give another one, the model's own "
+                                "predictions.json and eval_results.json would be overwritten")
         elif self.predict_file:
             raise UserError("--predict_file needs --do_train false (predict with a trained reader)")
         elif self.train_file is None and self.dataset_name is None:

@@ -28,3 +28,9 @@ def test_ranks_and_reciprocal_rank_fusion_by_hand():
     # Passage 2 is second in both lists; first-and-third beats second-and-second only by a hair.
     assert gold_ranks(fused, [[2]]).tolist() == [3]
     assert gold_ranks(reciprocal_rank_fusion(dense, dense), [[0]]).tolist() == [1]
+    assert ranks(np.array([[0.0, 3.0, 0.0, 0.0]])).tolist() == [[4, 1, 4, 4]]  # ties share the worst rank
+
+
+def test_a_question_sharing_no_term_with_the_corpus_is_not_a_hit():
+    scores = BM25(CORPUS).scores(["Is it?"])  # stopwords only
+    assert (scores == 0).all() and gold_ranks(scores, [[0]]).tolist() == [3]

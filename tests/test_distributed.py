@@ -87,7 +87,7 @@ def test_reader_ddp_matches_single_process_and_resumes(tiny_bert_no_dropout_dir,
     # The multi-machine layout on one machine: two one-process "nodes" joined through one rendezvous on localhost
     # train exactly like the 2-process single-node run.
     nodes = str(tmp_path / "nodes")
-    run_two_nodes("train_reader.py", *reader_args(tiny_bert_no_dropout_dir, nodes, 8))
+    run_two_nodes("train_reader.py", *reader_args(tiny_bert_no_dropout_dir, nodes, 8), logs=tmp_path)
     c = log(nodes)
     assert [r["step"] for r in c] == list(range(1, 7))
     torch.testing.assert_close([r["loss"] for r in c], [r["loss"] for r in b], **TOL)
@@ -103,17 +103,21 @@ def test_reader_ddp_matches_single_process_and_resumes(tiny_bert_no_dropout_dir,
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def run_two_nodes(script, *args):
-    """`torchrun --nnodes 2 --node_rank 0|1 --nproc_per_node 1` against one rendezvous on localhost."""
+def run_two_nodes(script, *args, logs):
+    """`torchrun --nnodes 2 --node_rank 0|1 --nproc_per_node 1` against one rendezvous on localhost. Output goes to
+    files: two pipes read one after the other could fill up and block a node."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    files = [open(logs / f"node{rank}.log", "w+") for rank in (0, 1)]
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank), "--nproc_per_node",
          "1", "--master_addr", "127.0.0.1", "--master_port", str(port), os.path.join(ROOT, script), *map(str, args)],
-        cwd=ROOT, env={**os.environ, **CPU_DDP}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=ROOT, env={**os.environ, **CPU_DDP}, stdout=files[rank], stderr=subprocess.STDOUT, text=True)
         for rank in (0, 1)]
-    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    for node in nodes:
+        node.wait(timeout=600)
+    outputs = [open(f.name).read() for f in files]
     for node, output in zip(nodes, outputs):
         assert node.returncode == 0 and "terminate called" not in output, output[-3000:]
     assert "distributed=MULTI_CPU processes=2" in outputs[0]

@@ -104,7 +104,7 @@ def test_predict_needs_no_training_flags_and_refuses_them(trained, tmp_path):
     assert_user_error(proc, "--predict_file needs --do_train false")
     proc = run_script("train_reader.py", "--model_name_or_path", trained, "--do_train", "false",
                       "--output_dir", tmp_path / "o", check=False)
-    assert_user_error(proc, "--do_train false needs --validation_file (evaluate) and/or --predict_file (predict)")
+    assert_user_error(proc, "--do_train false needs --validation_file (evaluate) or --predict_file (predict)")
 
 
 def test_a_reader_trained_without_unanswerable_questions_always_answers(tmp_path):
@@ -125,6 +125,8 @@ def test_evaluation_under_two_processes_gathers_every_question_once(trained, tmp
     proc = run_ddp("train_reader.py", *args, "--output_dir", ddp)
     assert "processes=2" in proc.stdout
     assert json.load(open(f"{ddp}/predictions.json")) == json.load(open(f"{single}/predictions.json"))
-    assert (json.load(open(f"{ddp}/eval_results.json"))["metrics"]
-            == json.load(open(f"{single}/eval_results.json"))["metrics"])
+    # The last batch differs in rows and padded width between the layouts: floats may differ in the last bits.
+    metrics = [json.load(open(f"{d}/eval_results.json"))["metrics"] for d in (ddp, single)]
+    assert metrics[0].keys() == metrics[1].keys()
+    assert metrics[0] == pytest.approx(metrics[1], rel=1e-5)
     assert len(json.load(open(f"{ddp}/null_scores.json"))) == 52

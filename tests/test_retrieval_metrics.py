@@ -8,13 +8,14 @@ def test_ranks_topk_mrr_by_hand():
     scores = np.array([[0.9, 0.1, 0.5, 0.3],   # gold 0 -> rank 1
                        [0.9, 0.1, 0.5, 0.3],   # gold 2 -> rank 2
                        [0.9, 0.1, 0.5, 0.3],   # gold {1, 3}: best is 3 (0.3) -> rank 3
-                       [0.2, 0.2, 0.1, 0.0]])  # gold 1 ties with 0: ties do not count against -> rank 1
+                       [0.2, 0.2, 0.1, 0.0]])  # gold 1 ties with 0: ties count against -> rank 2
     ranks = gold_ranks(scores, [[0], [2], [1, 3], [1]])
-    assert ranks.tolist() == [1, 2, 3, 1]
+    assert ranks.tolist() == [1, 2, 3, 2]
+    assert gold_ranks(np.zeros((1, 4)), [[2]]).tolist() == [4]  # no evidence at all is no hit
     m = retrieval_metrics(ranks, ks=(1, 2, 20))
-    assert m["top1"] == 50.0 and m["top2"] == 75.0 and m["top20"] == 100.0
-    assert m["mrr@10"] == pytest.approx((1 + 0.5 + 1 / 3 + 1) / 4)
-    assert m["mean_rank"] == pytest.approx(7 / 4)
+    assert m["top1"] == 25.0 and m["top2"] == 75.0 and m["top20"] == 100.0
+    assert m["mrr@10"] == pytest.approx((1 + 0.5 + 1 / 3 + 0.5) / 4)
+    assert m["mean_rank"] == pytest.approx(8 / 4)
 
 
 def test_mrr_ignores_ranks_beyond_ten():

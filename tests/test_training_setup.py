@@ -120,3 +120,18 @@ def test_grad_cache_under_deepspeed_is_refused():
     args.check_distributed(DistributedType.MULTI_GPU)
     with pytest.raises(UserError, match="does not work under DeepSpeed"):
         args.check_distributed(DistributedType.DEEPSPEED)
+
+
+def test_best_model_keeping_under_sharded_parameters_is_refused_at_start_up():
+    from accelerate.utils import DistributedType
+
+    from utils.errors import UserError
+    from utils.runtime import check_layout
+
+    args = SimpleNamespace(eval_steps=100)
+    check_layout(args, DistributedType.MULTI_GPU, None)
+    check_layout(args, DistributedType.DEEPSPEED, 2)
+    check_layout(SimpleNamespace(eval_steps=None), DistributedType.FSDP, None)
+    for layout, stage in ((DistributedType.FSDP, None), (DistributedType.DEEPSPEED, 3)):
+        with pytest.raises(UserError, match="cannot be restored into FSDP/ZeRO-3"):
+            check_layout(args, layout, stage)

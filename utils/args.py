@@ -120,7 +120,7 @@ class TrainArgs:
 def parse_args(cls, argv=None):
     """Parse argv into dataclass `cls` and validate it. Every problem is a UserError: an unknown flag (with
     the closest real one), a stray positional argument, and argparse's own complaints (bad value, bad choice)."""
-    parser = HfArgumentParser(cls, description=sys.modules["__main__"].__doc__.split("\n")[0]
+    parser = HfArgumentParser(cls, allow_abbrev=False, description=sys.modules["__main__"].__doc__.split("\n")[0]
                               if getattr(sys.modules["__main__"], "__doc__", None) else None)
 
     def error(message):  # argparse would print its usage block and exit: one line instead

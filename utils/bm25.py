@@ -34,11 +34,10 @@ def _tokenize(texts: list[str]):
 
 
 def ranks(scores: np.ndarray) -> np.ndarray:
-    """1-based rank of every passage for every query (ties in index order)."""
-    order = np.argsort(-scores, axis=1, kind="stable")
-    out = np.empty_like(order)
-    np.put_along_axis(out, order, np.broadcast_to(np.arange(1, scores.shape[1] + 1), order.shape), axis=1)
-    return out
+    """1-based rank of every passage for every query; tied passages share the worst rank of their group (no
+    passage gains from the corpus order, e.g. among BM25's many zero scores)."""
+    descending = -np.sort(-scores, axis=1)
+    return np.stack([np.searchsorted(-row, -s, side="right") for row, s in zip(descending, scores)])
 
 
 def reciprocal_rank_fusion(*score_matrices: np.ndarray, k: int = RRF_K) -> np.ndarray:

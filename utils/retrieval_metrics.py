@@ -4,12 +4,13 @@ import numpy as np
 
 
 def gold_ranks(scores: np.ndarray, gold: list[list[int]]) -> np.ndarray:
-    """1-based rank of each question's best-scored gold passage (ties count against it: passages scoring
-    strictly higher than the gold are ahead of it)."""
+    """1-based rank of each question's best-scored gold passage. Ties count against it: every other passage
+    scoring at least as high is ahead (BM25 gives many passages the same score, 0 for no shared term, and a
+    question that shares no term with any passage must not count as a hit)."""
     ranks = np.empty(len(gold), dtype=np.int64)
     for i, idx in enumerate(gold):
         best = scores[i, idx].max()
-        ranks[i] = int((scores[i] > best).sum()) + 1
+        ranks[i] = int((scores[i] >= best).sum()) - int((scores[i, idx] >= best).sum()) + 1
     return ranks
 
 

@@ -79,6 +79,7 @@ def setup(args) -> Accelerator:
             and accelerator.distributed_type != DistributedType.DEEPSPEED:  # DeepSpeed runs its own fp16
         raise UserError("fp16 mixed precision needs a GPU: on a CPU Accelerate would silently train in fp32. "
                         "Use --mixed_precision bf16 (CPUs with AVX512-BF16/AMX run it fast) or 'no'.")
+    check_layout(args, accelerator.distributed_type, getattr(accelerator.state.deepspeed_plugin, "zero_stage", None))
     keep_freed_memory(accelerator.device)
     set_seed(args.seed)
     _check_output_dir(accelerator, args)
@@ -90,6 +91,16 @@ def setup(args) -> Accelerator:
         f"x{accelerator.num_processes} processes = {effective} per update, output_dir={args.output_dir}"
     )
     return accelerator
+
+
+def check_layout(args, distributed_type, zero_stage) -> None:
+    """Refuse what a hardware layout would break only at the end of a run, after the training time is spent."""
+    if args.eval_steps and (distributed_type == DistributedType.FSDP
+                            or (distributed_type == DistributedType.DEEPSPEED and zero_stage == 3)):
+        # Parameters are sharded (FSDP's flat parameters, ZeRO-3's empty placeholders): the best model's full
+        # weights cannot be loaded back into the unwrapped model, so the run would fail before publishing.
+        raise UserError("--eval_steps keeps the best model, which cannot be restored into FSDP/ZeRO-3 sharded "
+                        "parameters yet: drop --eval_steps (evaluate the saved checkpoints instead) or use DDP/ZeRO-2")
 
 
 def peak_memory_mb(accelerator) -> float:
@@ -147,7 +158,7 @@ def _check_output_dir(accelerator, args):
     if failure:
         raise UserError(f"{args.output_dir}: cannot create the output directory ({failure})")
     existing = list_checkpoints(checkpoint_dir(args))
-    if existing and args.resume_from_checkpoint is None:
+    if existing and args.resume_from_checkpoint is None and getattr(args, "do_train", True):
         if not args.overwrite_output_dir:
             raise UserError(f"{args.output_dir} holds checkpoints of an earlier run ({os.path.basename(existing[-1])}); "
                             "pass --resume_from_checkpoint latest to continue it, or --overwrite_output_dir to start over")
@@ -188,7 +199,7 @@ def save_checkpoint(accelerator, args, step: int, loop_state: dict, best_dir: st
         with open(os.path.join(tmp, "loop_state.json"), "w") as f:
             json.dump(loop_state, f, indent=1)  # human-readable copy; the pickled one is what load_state uses
         if loop_state["best_step"] is not None and os.path.isdir(best_dir):
-            shutil.copytree(best_dir, os.path.join(tmp, "best_model"), copy_function=os.link)
+            shutil.copytree(best_dir, os.path.join(tmp, "best_model"), copy_function=_link_or_copy)
         replace_dir(tmp, final)
         if args.checkpoints_total_limit:
             for old in list_checkpoints(ckpt_dir)[: -args.checkpoints_total_limit]:
@@ -197,18 +208,28 @@ def save_checkpoint(accelerator, args, step: int, loop_state: dict, best_dir: st
     return final
 
 
-def restore_best_model(accelerator, checkpoint: str, best_dir: str) -> None:
-    """Make `best_dir` the best model saved with `checkpoint` (or none), whatever an interrupted run left
-    there: a best model saved after the checkpoint is not the one its loop state describes."""
+def restore_best_model(accelerator, checkpoint: str, best_dir: str, best_step: int | None) -> None:
+    """Make `best_dir` the best model saved with `checkpoint`, whatever an interrupted run left there: a best
+    model saved after the checkpoint is not the one its loop state (`best_step`) describes."""
     if accelerator.is_main_process:
         saved = os.path.join(checkpoint, "best_model")
         if os.path.isdir(saved):
             shutil.rmtree(best_dir + ".tmp", ignore_errors=True)
             shutil.copytree(saved, best_dir + ".tmp")
             replace_dir(best_dir + ".tmp", best_dir)
-        else:
+        elif best_step is None:
             shutil.rmtree(best_dir, ignore_errors=True)
+        else:  # a checkpoint from before best models travelled with checkpoints
+            logger.warning("%s holds no best_model; keeping %s as the best model (update %d)", checkpoint, best_dir,
+                           best_step)
     accelerator.wait_for_everyone()
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # no hard links on this file system (some network and FUSE mounts)
+        shutil.copy2(src, dst)
 
 
 def replace_dir(new: str, final: str) -> None:

@@ -89,8 +89,14 @@ class Task(abc.ABC):
 
 def load_weights(module: torch.nn.Module, path: str) -> None:
     """Load a safetensors file into `module`, every key accounted for. A lenient load would make restoring
-    the best model a silent no-op if a wrapper renamed the weights (FSDP's `_fsdp_wrapped_module.`)."""
-    missing, unexpected = module.load_state_dict(load_file(path), strict=False)
+    the best model a silent no-op if the names did not fit (a wrapper's renamed weights)."""
+    loaded = load_file(path)
+    missing, unexpected = module.load_state_dict(loaded, strict=False)
+    # save_pretrained leaves out tied tensors (BART's embed_tokens share the shared embedding): a missing key
+    # whose storage is a loaded key's was loaded with it.
+    own = module.state_dict()
+    loaded_storage = {own[k].data_ptr() for k in loaded if k in own}
+    missing = [k for k in missing if own[k].data_ptr() not in loaded_storage]
     if missing or unexpected:
         raise RuntimeError(f"{path} does not fit {type(module).__name__}: missing {sorted(missing)[:5]}, "
                            f"unexpected {sorted(unexpected)[:5]}")
@@ -206,8 +212,11 @@ def build_optimizer(model, args, device: torch.device) -> torch.optim.Optimizer:
 
 
 def optimizer_name(optimizer) -> str:
-    inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper
-    impl = "fused" if inner.defaults.get("fused") else "foreach" if inner.defaults.get("foreach") else "for-loop"
+    inner = optimizer
+    while hasattr(inner, "optimizer"):  # Accelerate's wrapper, DeepSpeed's ZeRO optimizer
+        inner = inner.optimizer
+    defaults = getattr(inner, "defaults", {})
+    impl = "fused" if defaults.get("fused") else "foreach" if defaults.get("foreach") else "for-loop"
     return f"{type(inner).__name__.lower()}_{impl}"
 
 
@@ -224,9 +233,9 @@ def optimizer_step(optimizer, scaler) -> bool:
     GradScaler lowers its scale exactly when it finds inf/NaN, whatever the optimizer. Accelerate's own
     `optimizer_step_was_skipped` instead watches whether `optimizer.step` was called, which a fused optimizer
     always is (the kernel skips internally), so it would read False on an overflow."""
-    if scaler is None:
+    if scaler is None:  # no fp16, or DeepSpeed's own fp16 scaler (its wrapper reports the engine's overflow)
         optimizer.step()
-        return False
+        return bool(getattr(optimizer, "step_was_skipped", False))
     scale = scaler.get_scale()
     optimizer.step()
     return scaler.get_scale() < scale
@@ -242,7 +251,7 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
     resume_path = resolve_resume(args)
     if resume_path:
         accelerator.load_state(resume_path)
-        restore_best_model(accelerator, resume_path, best_dir)  # the best model this checkpoint's state names
+        restore_best_model(accelerator, resume_path, best_dir, state.best_step)  # the one its state names
         logger.info("resumed from %s at update %d (epoch %d, batch %d)", resume_path, state.step, state.epoch,
                     state.batch_in_epoch)
     elif args.resume_from_checkpoint:
@@ -280,7 +289,7 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
                 if args.max_grad_norm:
                     # Unscales fp16 gradients first; the norm is of the true (unscaled) gradient, inf on overflow.
                     norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                    window["grad_norm"] = norm if norm is not None else window["grad_norm"]  # None: DeepSpeed clips
+                    window["grad_norm"] = norm if norm is not None else window["grad_norm"]
                 skipped = optimizer_step(optimizer, scaler)
                 optimizer.zero_grad(set_to_none=True)
             state.step += 1
