@@ -28,11 +28,11 @@ run cut short still brings back what it measured); copy gpu.md and gpu.json into
 benchmarks/results/gpu_check/ and commit them. The exit status is non-zero if any run failed or the resumed
 model is not bit-identical.
 
-If the device's transformers 5.x breaks the scripts (this repository pins 4.57), carry 4.57 as well: add
-`transformers==4.57.6 tokenizers==0.22.2 huggingface_hub==0.36.2` to the `pip download` line (transformers
-4.57 refuses huggingface_hub 1.x at import, so the hub goes too). /tmp/site comes first on PYTHONPATH and
-shadows the device's copies. Not expected to be needed: the dry run passed here with the device's
-transformers 5.17.0, tokenizers 0.23.2 and huggingface_hub 1.33.0 on PYTHONPATH.
+The repository pins transformers 5.24.0 (tokenizers 0.23.3, huggingface_hub 1.33.0); the device's own 5.x is
+used. If it breaks the scripts, carry the pinned ones as well: add `transformers==5.24.0 tokenizers==0.23.3
+huggingface_hub==1.33.0` to the `pip download` line. /tmp/site comes first on PYTHONPATH and shadows the
+device's copies. Not expected to be needed: the dry run passes here with the pinned 5.24.0, and passed with the
+device's transformers 5.17.0, tokenizers 0.23.2 and huggingface_hub 1.33.0 on PYTHONPATH.
 
 What it runs, each a fresh process of the real script (`benchmarks/amp_benchmark.py` builds the commands):
 

@@ -55,9 +55,12 @@ def test_sigkilled_run_resumes_to_the_same_weights(tiny_bert_dir, tmp_path, prec
     assert json.load(open(os.path.join(ref, "predictions.json"))) == json.load(open(os.path.join(out, "predictions.json")))
 
 
-def test_minilm_output_loads_in_the_qa_pipeline_and_agrees(minilm_dir, tmp_path):
-    """The real packaged MiniLM, a short run through `accelerate launch`, then transformers' pipeline. In fp32: the
-    run's evaluation autocasts like its training, and bf16 logits may order near-tied spans differently."""
+def test_minilm_output_from_accelerate_launch_loads_in_transformers(minilm_dir, tmp_path):
+    """The real packaged MiniLM, a short run through `accelerate launch`, then the output directory loaded the way
+    users load it with the pinned transformers 5: AutoModelForQuestionAnswering + AutoTokenizer, every weight
+    found and equal to the saved file. (transformers 5.3 removed the question-answering pipeline this test used
+    to answer with; that the directory still answers in the 4.x pipeline is a one-off check outside this suite,
+    scripts/check_compat.py. That the saved model reproduces predictions.json is tests/test_reader_use.py.)"""
     out = str(tmp_path / "minilm")
     proc = run_script("train_reader.py", "--output_dir", out, "--max_train_steps", 12, "--mixed_precision", "no",
                       "--eval_before_training", "false",
@@ -65,19 +68,24 @@ def test_minilm_output_loads_in_the_qa_pipeline_and_agrees(minilm_dir, tmp_path)
                                 "--num_machines", "1", "--dynamo_backend", "no"])
     assert "precision=no" in proc.stdout and "processes=1" in proc.stdout
 
-    from transformers import pipeline
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-    qa = pipeline("question-answering", model=out, device="cpu")
-    predictions = json.load(open(os.path.join(out, "predictions.json")))
-    examples = {q["id"]: (q["question"], p["context"]) for a in json.load(open(f"{SAMPLE}/dev.json"))["data"]
-                for p in a["paragraphs"] for q in p["qas"]}
-    answered = [i for i, text in predictions.items() if text]
-    assert len(answered) >= 10
-    for qid in answered:
-        question, context = examples[qid]
-        got = qa(question=question, context=context, max_seq_len=384, doc_stride=128, max_question_len=64,
-                 max_answer_len=30, handle_impossible_answer=False, align_to_words=False)
-        assert got["answer"] == predictions[qid], qid
+    model, info = AutoModelForQuestionAnswering.from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info  # no missing, unexpected or mismatched weights: nothing re-initialised
+    saved = load_file(os.path.join(out, "model.safetensors"))
+    state = model.state_dict()
+    for key, tensor in saved.items():
+        assert torch.equal(state[key], tensor), key
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    original = AutoTokenizer.from_pretrained(minilm_dir)
+    assert tokenizer.is_fast and tokenizer.padding_side == "right"
+    question, context = "Who designed the Harrowgate Lighthouse?", "It was designed by Matilda Reyes in 1871."
+    enc = tokenizer(question, context, return_tensors="pt")
+    assert enc["input_ids"].tolist() == original(question, context, return_tensors="pt")["input_ids"].tolist()
+    with torch.no_grad():
+        logits = model.eval()(**enc)
+    assert logits.start_logits.shape == logits.end_logits.shape == enc["input_ids"].shape
+    assert torch.isfinite(logits.start_logits).all() and torch.isfinite(logits.end_logits).all()
 
 
 def test_plain_accelerate_launch_default_precision_comes_from_the_launcher(tiny_bert_dir, tmp_path):

@@ -81,7 +81,9 @@ def encoder_state(model: BiEncoder, state_dict: dict, side: str) -> dict:
 def save_sentence_transformers_dir(encoder: nn.Module, state_dict: dict, tokenizer, directory: str, pooling: str,
                                    normalize: bool, max_seq_length: int) -> None:
     """A directory that loads in SentenceTransformer(dir) and AutoModel, embedding exactly as BiEncoder.embed."""
-    encoder.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
+    # model.safetensors: transformers 5 writes no other format (its save_pretrained dropped safe_serialization,
+    # and would silently swallow the argument).
+    encoder.save_pretrained(directory, state_dict=state_dict)
     tokenizer.save_pretrained(directory)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
@@ -112,5 +114,5 @@ def export_dpr(encoder: nn.Module, state_dict: dict, tokenizer, directory: str, 
     missing, unexpected = inner.bert_model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise RuntimeError(f"DPR export: weights do not match (missing {missing}, unexpected {unexpected})")
-    dpr.save_pretrained(directory, safe_serialization=True)
+    dpr.save_pretrained(directory)  # model.safetensors (see save_sentence_transformers_dir)
     tokenizer.save_pretrained(directory)
