@@ -26,12 +26,13 @@ query_encoder/ and passage_encoder/ (each loads in SentenceTransformer(dir) and 
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Literal, Optional
 
 import numpy as np
 import torch
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, broadcast, send_to_device
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
@@ -40,11 +41,12 @@ from utils.batching import LengthGroupedBatchSampler
 from utils.bi_encoder import (BiEncoder, encoder_state, export_dpr, save_sentence_transformers_dir,
                               sentence_transformers_defaults)
 from utils.bm25 import BM25, reciprocal_rank_fusion
-from utils.dpr_data import evaluation_corpus, key_hash, load_dpr, load_passages, passage_key, training_passages
+from utils.dpr_data import (Tokenized, evaluation_corpus, key_hash, load_dpr, load_passages, passage_key,
+                            select_negatives, training_passages)
 from utils.dpr_loss import dpr_loss, global_loss, grad_cache_step
 from utils.errors import UserError, exit_on_user_error
 from utils.retrieval_metrics import gold_ranks, retrieval_metrics, top_passages
-from utils.runtime import finish, publish_dir, setup, write_json
+from utils.runtime import finish, full_state_dict, publish_dir, setup, write_json
 from utils.training import (Task, build_optimizer, build_scheduler, evaluate_before_training, fit, load_weights,
                             plan_steps, run_summary)
 
@@ -68,6 +70,14 @@ class DPRArgs(TrainArgs):
     passages: Optional[str] = arg(None, "Corpus to rank at evaluation (JSON lines of title/text/passage_id). "
                                         "Default: the sample's corpus on the sample; else every context of the dev file.")
     num_hard_negatives: int = arg(1, "Hard negatives per question (topped up from negative_ctxs, then random).")
+    refresh_negatives_every: Optional[int] = arg(
+        None, "Every N updates and at each epoch start, re-mine each training question's hard negatives with the "
+        "model being trained (ANCE-style): the best-ranked training passages that are neither a positive nor "
+        "contain an answer string.")
+    group_by_length: bool = arg(False, "Batch questions whose passages have similar lengths (by the longest of each "
+                                       "question's first passages). Off: --length_buckets already removes most padding.")
+    length_buckets: int = arg(4, "Encode each batch's passages as N sub-batches of similar length, each padded "
+                                 "only to its own longest (same embeddings, less padding); 1: one padded batch.")
     grad_cache_chunk_size: Optional[int] = arg(None, "GradCache: questions per forward chunk. The full batch's "
                                                "in-batch negatives at the memory of one chunk.")
     max_query_length: int = arg(64, "Question tokens.")
@@ -96,8 +106,11 @@ class DPRArgs(TrainArgs):
             raise UserError("--num_hard_negatives must be >= 0")
         if self.temperature is not None and self.temperature <= 0:
             raise UserError("--temperature must be positive")
-        if self.grad_cache_chunk_size is not None and self.grad_cache_chunk_size < 1:
-            raise UserError("--grad_cache_chunk_size must be at least 1")
+        for name in ("grad_cache_chunk_size", "refresh_negatives_every", "length_buckets"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise UserError(f"--{name} must be at least 1 (got {getattr(self, name)})")
+        if self.refresh_negatives_every and self.num_hard_negatives < 1:
+            raise UserError("--refresh_negatives_every needs --num_hard_negatives of at least 1")
         if self.shared_encoder and self.passage_model_name_or_path != self.query_model_name_or_path \
                 and self.passage_model_name_or_path != packaged_minilm():
             raise UserError("--shared_encoder uses --query_model_name_or_path only; drop --passage_model_name_or_path")
@@ -122,36 +135,65 @@ class DPRArgs(TrainArgs):
 
 # --- data ------------------------------------------------------------------------------------------
 
-def _tokenize(tokenizer, texts, pairs, max_length):
-    """Padded to the batch's longest, rounded up to a multiple of 8 (tensor-core shapes) when the length cap is
-    one too (the tokenizer refuses to round past a cap that is not)."""
-    return tokenizer(*((texts, pairs) if pairs else (texts,)), truncation="only_second" if pairs else True,
-                     max_length=max_length, padding=True, pad_to_multiple_of=8 if max_length % 8 == 0 else None,
-                     return_tensors="pt")
+def tokenize_questions(tokenizer, questions: list[str], args) -> Tokenized:
+    return Tokenized(lambda qs: tokenizer(qs, truncation=True, max_length=args.max_query_length), questions)
 
 
-def passage_texts(tokenizer, ctxs, args):
+def tokenize_passages(tokenizer, ctxs: list[dict], args) -> Tokenized:
+    """Passages as the pair (title, text) (text cut first), or text alone without --embed_title."""
     if args.embed_title:
-        return _tokenize(tokenizer, [c["title"] for c in ctxs], [c["text"] for c in ctxs], args.max_passage_length)
-    return _tokenize(tokenizer, [c["text"] for c in ctxs], None, args.max_passage_length)
+        return Tokenized(lambda cs: tokenizer([c["title"] for c in cs], [c["text"] for c in cs],
+                                              truncation="only_second", max_length=args.max_passage_length), ctxs)
+    return Tokenized(lambda cs: tokenizer([c["text"] for c in cs], truncation=True,
+                                          max_length=args.max_passage_length), ctxs)
 
 
-def question_texts(tokenizer, questions, args):
-    return _tokenize(tokenizer, questions, None, args.max_query_length)
+class TrainingData:
+    """The training questions and the passages they train against, tokenised once. `groups[i]` is question i's
+    [positive, negatives...] as indices into `passages`. A refresh replaces the negatives; they are checkpointed
+    (state_dict), so a resumed run trains on exactly the negatives the interrupted one had. With `mining`, the
+    passages also include every other passage of the train file: the corpus refreshed negatives come from."""
+
+    def __init__(self, questions, groups, q_tok, p_tok, args, mining: bool):
+        ctxs = [c for g in groups for c in g]
+        if mining:
+            ctxs += [c for q in questions for c in q["positive_ctxs"] + q["hard_negative_ctxs"] + q["negative_ctxs"]]
+        self.passages, index = [], {}
+        for c in ctxs:
+            if passage_key(c) not in index:
+                index[passage_key(c)] = len(self.passages)
+                self.passages.append(c)
+        self.groups = np.array([[index[passage_key(c)] for c in g] for g in groups], dtype=np.int64)
+        self.keys = torch.tensor([key_hash(passage_key(c)) for c in self.passages], dtype=torch.long)
+        self.q = tokenize_questions(q_tok, [q["question"] for q in questions], args)
+        self.p = tokenize_passages(p_tok, self.passages, args)
+        self.q_pad, self.p_pad = q_tok.pad_token_id, p_tok.pad_token_id
+        self.refreshes = []  # {"when", "changed", "seconds"} per refresh: a record for eval_results.json
+
+    def batch(self, question_indices) -> dict:
+        """Tokenised questions, their passages laid out question by question, and the passages' keys. Built when
+        the batch is trained on (not when the loader prefetches it), so a refresh applies from the next batch."""
+        rows = self.groups[question_indices].reshape(-1)
+        return {"query": self.q.batch(question_indices, self.q_pad), "passage": self.p.batch(rows, self.p_pad),
+                "passage_keys": self.keys[rows]}
+
+    def tokens(self, question_indices) -> int:
+        return int(self.q.lengths[question_indices].sum() + self.p.lengths[self.groups[question_indices]].sum())
+
+    def state_dict(self):
+        return {"negatives": torch.from_numpy(self.groups[:, 1:].copy()), "refreshes": self.refreshes}
+
+    def load_state_dict(self, state):
+        self.groups[:, 1:] = state["negatives"].numpy()
+        self.refreshes = state["refreshes"]
 
 
-class TrainCollator:
-    """Question indices -> tokenised questions, their passages ([positive, negatives...] each) and passage keys."""
-
-    def __init__(self, questions, passages_per_question, q_tok, p_tok, args):
-        self.questions, self.passages = questions, passages_per_question
-        self.q_tok, self.p_tok, self.args = q_tok, p_tok, args
-
-    def __call__(self, indices):
-        ctxs = [c for i in indices for c in self.passages[i]]
-        return {"query": dict(question_texts(self.q_tok, [self.questions[i]["question"] for i in indices], self.args)),
-                "passage": dict(passage_texts(self.p_tok, ctxs, self.args)),
-                "passage_keys": torch.tensor([key_hash(passage_key(c)) for c in ctxs], dtype=torch.long)}
+def encoding_loader(accelerator, tokenized: Tokenized, side: str, pad_token_id: int, batch_size: int):
+    """A prepared (sharded) loader over every text of `tokenized`, longest first so that each batch is padded
+    only to lengths like its own; batches carry the texts' indices, for `encode` to put them back in order."""
+    order = np.argsort(-tokenized.lengths, kind="stable").tolist()
+    return accelerator.prepare(DataLoader(order, batch_size=batch_size, collate_fn=lambda idx: {
+        side: tokenized.batch(idx, pad_token_id), "index": torch.tensor(idx)}))
 
 
 # --- the task the shared loop trains -----------------------------------------------------------------
@@ -159,17 +201,20 @@ class TrainCollator:
 class DPRTask(Task):
     tracker_project = "qa-amp-dpr"
 
-    def __init__(self, accelerator, args, q_tok, p_tok, dev, corpus, dev_passages):
+    def __init__(self, accelerator, args, q_tok, p_tok, train, data: TrainingData, dev, corpus, dev_passages):
         self.accelerator, self.args, self.q_tok, self.p_tok = accelerator, args, q_tok, p_tok
+        self.train, self.data = train, data
         self.dev, self.corpus, self.dev_passages = dev, corpus, dev_passages
         self.corpus_index = {passage_key(c): i for i, c in enumerate(corpus)}
         self.gold = [[self.corpus_index[passage_key(c)] for c in q["positive_ctxs"]] for q in dev]
         bs = args.per_device_eval_batch_size
-        self.corpus_loader = accelerator.prepare(DataLoader(
-            corpus, batch_size=bs, collate_fn=lambda cs: {"passage": dict(passage_texts(p_tok, cs, args))}))
-        self.question_loader = accelerator.prepare(DataLoader(
-            [q["question"] for q in dev], batch_size=bs,
-            collate_fn=lambda qs: {"query": dict(question_texts(q_tok, qs, args))}))
+        self.corpus_loader = encoding_loader(accelerator, tokenize_passages(p_tok, corpus, args), "passage",
+                                             p_tok.pad_token_id, bs)
+        self.question_loader = encoding_loader(accelerator, tokenize_questions(q_tok, [q["question"] for q in dev], args),
+                                               "query", q_tok.pad_token_id, bs)
+        if args.refresh_negatives_every:  # the training questions and passages, to mine negatives from
+            self.train_passage_loader = encoding_loader(accelerator, data.p, "passage", data.p_pad, bs)
+            self.train_question_loader = encoding_loader(accelerator, data.q, "query", data.q_pad, bs)
         # BM25 over the same corpus, scored once: the baseline each evaluation compares the dense ranking with,
         # and the lexical half of the hybrid (reciprocal-rank fusion of the two rankings).
         self.bm25_scores = BM25(corpus).scores([q["question"] for q in dev])
@@ -182,13 +227,16 @@ class DPRTask(Task):
 
     @staticmethod
     def samples_in(batch):
-        return len(batch["query"]["input_ids"])
+        return len(batch)  # the loader yields question indices
 
-    @staticmethod
-    def tokens_in(batch):
-        return int(batch["query"]["attention_mask"].sum() + batch["passage"]["attention_mask"].sum())
+    def tokens_in(self, batch):
+        return self.data.tokens(batch.cpu().numpy())
+
+    def checkpoint_objects(self) -> list:
+        return [self.data] if self.args.refresh_negatives_every else []
 
     def train_step(self, accelerator, model, batch, weight=1.0):
+        batch = send_to_device(self.data.batch(batch.cpu().numpy()), accelerator.device)
         if self.args.grad_cache_chunk_size:
             return grad_cache_step(accelerator, model, batch["query"], batch["passage"], batch["passage_keys"],
                                    self.args.temperature, self.args.grad_cache_chunk_size, weight)
@@ -197,16 +245,59 @@ class DPRTask(Task):
         accelerator.backward(for_backward * weight)
         return loss.detach()
 
-    def _embed(self, model, loader, side):
-        out = []
+    # --- refreshed hard negatives (ANCE-style) ---
+
+    def start_epoch(self, model, epoch: int) -> None:
+        if self.args.refresh_negatives_every:
+            self.refresh_negatives(model, f"epoch {epoch} start")
+
+    def after_update(self, model, step: int) -> None:
+        if self.args.refresh_negatives_every and step % self.args.refresh_negatives_every == 0:
+            self.refresh_negatives(model, f"update {step}")
+
+    def refresh_negatives(self, model, when: str) -> None:
+        """Re-mine every training question's hard negatives with the model being trained: encode the training
+        passages and questions (sharded across processes, as evaluation encodes its corpus), rank, and keep the
+        best-ranked passages that are neither a positive nor answer-bearing (utils.dpr_data.select_negatives).
+        Ranked on the main process and broadcast, so every process trains on the same negatives."""
+        t0 = time.perf_counter()
+        model.eval()
+        with torch.no_grad():
+            p = self.encode(model, self.train_passage_loader, "passage", len(self.data.p))
+            q = self.encode(model, self.train_question_loader, "query", len(self.data.q))
+        old = self.data.groups[:, 1:].copy()
+        new = torch.from_numpy(old)
+        if self.accelerator.is_main_process:
+            depth = min(len(p), 4 * old.shape[1] + 50)  # deep enough to skip positives and false negatives
+            ranked = torch.cat([(q[s:s + 1024] @ p.T).topk(depth, dim=1).indices for s in range(0, len(q), 1024)])
+            new = torch.from_numpy(select_negatives(ranked.numpy(), self.train, self.data.passages, old.shape[1], old))
+        new = broadcast(new.to(self.accelerator.device), from_process=0).cpu().numpy()
+        self.data.groups[:, 1:] = new
+        changed = int(sum(len(set(n) - set(o)) for n, o in zip(new.tolist(), old.tolist())))
+        seconds = round(time.perf_counter() - t0, 1)
+        logger.info("refreshed hard negatives (%s): %d of %d changed; %d passages encoded (%.1f MiB of embeddings), "
+                    "%.1f s", when, changed, old.size, len(p), p.numel() * p.element_size() / 2**20, seconds)
+        self.data.refreshes.append({"when": when, "changed": changed, "of": int(old.size), "seconds": seconds})
+        self.accelerator.log({"train/negatives_changed": changed})
+        model.train()
+
+    # --- evaluation ---
+
+    def encode(self, model, loader, side: str, count: int) -> torch.Tensor:
+        """Embeddings (fp32, on the CPU) of all `count` texts behind an encoding_loader, gathered from every
+        process, in the texts' order. Used by evaluation and by the negatives refresh."""
+        out = None
         for batch in loader:
-            emb = model(**batch)[0 if side == "query" else 1]
-            out.append(self.accelerator.gather_for_metrics(emb.float()).cpu())
-        return torch.cat(out)
+            emb = model(**{side: batch[side]})[0 if side == "query" else 1]
+            emb, index = self.accelerator.gather_for_metrics((emb.float(), batch["index"]))
+            if out is None:
+                out = torch.empty(count, emb.shape[1])
+            out[index.cpu()] = emb.cpu()
+        return out
 
     def evaluate(self, model) -> dict:
-        p_emb = self._embed(model, self.corpus_loader, "passage")
-        q_emb = self._embed(model, self.question_loader, "query")
+        p_emb = self.encode(model, self.corpus_loader, "passage", len(self.corpus))
+        q_emb = self.encode(model, self.question_loader, "query", len(self.dev))
         scores = (q_emb @ p_emb.T).numpy()
         ranks = gold_ranks(scores, self.gold)
         hybrid_ranks = gold_ranks(reciprocal_rank_fusion(scores, self.bm25_scores), self.gold)
@@ -285,18 +376,21 @@ def main(argv=None):
         raise UserError(f"{args.train_file}: {len(train)} questions are fewer than one global batch "
                         f"({args.per_device_train_batch_size} x {accelerator.num_processes} processes)")
 
-    # Under DDP, Accelerate completes the epoch's last round from the epoch's first questions, so every
-    # process's batches are full (the shapes gathered across processes match) and no question is left out.
-    batch_sampler = LengthGroupedBatchSampler(np.zeros(len(train)), args.per_device_train_batch_size, args.seed,
-                                              group_by_length=False)
-    train_loader = DataLoader(list(range(len(train))), batch_sampler=batch_sampler,
-                              collate_fn=TrainCollator(train, per_question, q_tok, p_tok, args),
+    data = TrainingData(train, per_question, q_tok, p_tok, args, mining=bool(args.refresh_negatives_every))
+    # Length grouping by each question's longest passage (as first chosen: the sampler's order must not move when
+    # a refresh changes the negatives, or a resumed run would not see the batches it missed). Under DDP,
+    # Accelerate completes the epoch's last round from the epoch's first questions, so every process's batches
+    # are full (the shapes gathered across processes match) and no question is left out.
+    batch_sampler = LengthGroupedBatchSampler(data.p.lengths[data.groups].max(1), args.per_device_train_batch_size,
+                                              args.seed, group_by_length=args.group_by_length)
+    train_loader = DataLoader(list(range(len(train))), batch_sampler=batch_sampler, collate_fn=torch.tensor,
                               generator=torch.Generator().manual_seed(args.seed))  # see train_reader.py
 
     # --- model ---------------------------------------------------------------------------------------
     try:
         model = BiEncoder.from_pretrained(args.query_model_name_or_path, args.passage_model_name_or_path,
-                                          args.shared_encoder, args.pooling, args.similarity == "cosine")
+                                          args.shared_encoder, args.pooling, args.similarity == "cosine",
+                                          args.length_buckets)
     except (OSError, ValueError) as err:
         raise UserError(f"cannot load an encoder ({str(err).splitlines()[0]})") from None
     if args.export_dpr and model.query_encoder.config.model_type != "bert":
@@ -305,22 +399,24 @@ def main(argv=None):
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
     plan = plan_steps(args, train_loader)  # from the prepared loader: this process's real share
     scheduler = build_scheduler(optimizer, args, plan.total_updates)
-    task = DPRTask(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages)
+    task = DPRTask(accelerator, args, q_tok, p_tok, train, data, dev, corpus, dev_passages)
     task.check_metric_for_best_model(args.metric_for_best_model)
 
     before = evaluate_before_training(accelerator, args, task, model, _headline)
 
     # --- fit -----------------------------------------------------------------------------------------
-    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, batch_sampler, plan)
+    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, plan)
 
     # --- validate and publish ------------------------------------------------------------------------
     accelerator.print("after training:  " + _headline(final["metrics"]))
-    state_dict = accelerator.get_state_dict(model)  # every process: gathers FSDP/DeepSpeed shards
+    state_dict = full_state_dict(accelerator, model)  # every process: gathers FSDP/DeepSpeed shards
     with publish_dir(accelerator, args.output_dir) as tmp:
         if accelerator.is_main_process:
             task.save(accelerator.unwrap_model(model), tmp, state_dict)
     summary = run_summary(accelerator, optimizer, plan, state, final, before, "questions")
     summary.update(pooling=args.pooling, similarity=args.similarity, temperature=args.temperature)
+    if args.refresh_negatives_every:
+        summary["negatives_refreshed"] = data.refreshes
     write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"), summary)
     if accelerator.is_main_process:
         with open(os.path.join(args.output_dir, "rankings.jsonl"), "w") as f:

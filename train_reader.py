@@ -48,7 +48,7 @@ from utils.qa_decoding import apply_null_threshold
 from utils.qa_features import check_tokenizer, prepare_eval_features, prepare_train_features
 from utils.qa_metrics import best_null_threshold, squad_metrics
 from utils.reader import MODEL_INPUTS, ReaderSettings, decode, span_logits
-from utils.runtime import finish, publish_dir, setup, write_json
+from utils.runtime import finish, full_state_dict, publish_dir, setup, write_json
 from utils.squad_data import is_impossible, load_squad, split_by_article
 from utils.training import (Task, build_optimizer, build_scheduler, evaluate, evaluate_before_training, fit,
                             load_weights, plan_steps, run_summary)
@@ -303,7 +303,7 @@ def main(argv=None):
     before = evaluate_before_training(accelerator, args, task, model, _headline)
 
     # --- fit -----------------------------------------------------------------------------------------
-    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, batch_sampler, plan)
+    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, plan)
 
     # --- validate and publish ------------------------------------------------------------------------
     accelerator.print("after training:  " + _headline(final["metrics"]))
@@ -313,7 +313,7 @@ def main(argv=None):
     settings = ReaderSettings(args.max_seq_length, args.doc_stride, args.max_query_length, args.n_best_size,
                               args.max_answer_length, final["metrics"].get("null_threshold"))
     summary["predictions_null_threshold"] = settings.null_threshold
-    state_dict = accelerator.get_state_dict(model)  # every process: gathers FSDP/DeepSpeed shards
+    state_dict = full_state_dict(accelerator, model)  # every process: gathers FSDP/DeepSpeed shards
     with publish_dir(accelerator, args.output_dir) as tmp:
         if accelerator.is_main_process:
             task.save(accelerator.unwrap_model(model), tmp, state_dict)

@@ -81,7 +81,28 @@ if os.environ.get("RECORD_BATCHES"):
 if os.environ.get("FP16_CPU_OPTIMIZER"):
     utils.training.fused_adamw_supported = lambda device: os.environ["FP16_CPU_OPTIMIZER"] == "fused"
 
+def record_refreshed_negatives(directory):
+    """Wrap DPRTask.refresh_negatives to log, per process, every question's negatives (passage keys) after it."""
+    import train_dpr
+    from utils.dpr_data import passage_key
+
+    refresh = train_dpr.DPRTask.refresh_negatives
+
+    def recording(self, model, when):
+        refresh(self, model, when)
+        os.makedirs(directory, exist_ok=True)
+        negatives = [[passage_key(self.data.passages[j]) for j in row] for row in self.data.groups[:, 1:].tolist()]
+        with open(os.path.join(directory, f"rank{self.accelerator.process_index}.jsonl"), "a") as f:
+            f.write(json.dumps({"when": when, "negatives": negatives}) + "\n")
+
+    train_dpr.DPRTask.refresh_negatives = recording
+    return train_dpr
+
+
 if __name__ == "__main__":
     script = os.path.join(ROOT, sys.argv[1])
     sys.argv = [script] + sys.argv[2:]
-    runpy.run_path(script, run_name="__main__")
+    if os.environ.get("RECORD_NEGATIVES"):  # the imported module's main, so that the wrapper is the one called
+        record_refreshed_negatives(os.environ["RECORD_NEGATIVES"]).main()
+    else:
+        runpy.run_path(script, run_name="__main__")

@@ -1,4 +1,4 @@
-"""The AMP benchmark runs end to end (tiny model, sample data) and writes its table, CSV and plot."""
+"""The benchmarks run end to end (tiny model, sample data) and write their tables."""
 
 import csv
 
@@ -25,3 +25,14 @@ def test_benchmark_writes_table_csv_and_plot(tiny_bert_dir, tmp_path):
     md = (out / "amp_cpu.md").read_text()
     assert md.startswith("Machine: ") and "| task |" in md
     assert (out / "amp_cpu.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dpr_vs_sentence_transformers_benchmark_runs_both_sides(tiny_bert_dir, tmp_path):
+    out = tmp_path / "results"
+    proc = run_script("benchmarks/dpr_vs_st.py", "--model", tiny_bert_dir, "--questions", 32, "--batch_size", 8,
+                      "--precision", "no", "--out", out, "--train_file", f"{SAMPLE}/dpr_train.json",
+                      "--dev_file", f"{SAMPLE}/dpr_dev.json", "--passages", f"{SAMPLE}/dpr_passages.jsonl")
+    md = (out / "dpr_vs_st_cpu.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith(("| sentence-transformers", "| train_dpr.py"))]
+    assert len(rows) == 2 and all(r.split(" | ")[1] == "4" for r in rows), md  # 32 questions / 8: 4 updates each
+    assert "speed ratio (train_dpr.py / sentence-transformers):" in md and "speed ratio" in proc.stdout

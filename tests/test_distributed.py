@@ -189,6 +189,18 @@ def test_dpr_ddp_global_negatives_match_single_process(tiny_bert_no_dropout_dir,
     assert len(open(f"{ddp}/rankings.jsonl").readlines()) == 44
 
 
+def test_dpr_refreshed_negatives_are_the_same_on_every_process(tiny_bert_no_dropout_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("RECORD_NEGATIVES", str(tmp_path / "negatives"))
+    out = str(tmp_path / "out")
+    proc = run_ddp("tests/harness.py", "train_dpr.py", *dpr_args(tiny_bert_no_dropout_dir, out, 8,
+                                                                  "--refresh_negatives_every", 2))
+    changed = [int(n) for n in re.findall(r"refreshed hard negatives \(.*?\): (\d+) of 193 changed", proc.stderr)]
+    assert len(changed) == 2 and changed[0] > 0, proc.stderr[-2000:]  # epoch 0 start, update 2 (not the last, 4)
+    ranks = [[json.loads(line) for line in open(tmp_path / "negatives" / f"rank{r}.jsonl")] for r in (0, 1)]
+    assert [r["when"] for r in ranks[0]] == ["epoch 0 start", "update 2"]
+    assert ranks[0] == ranks[1]
+
+
 def test_a_crashed_process_ends_the_whole_job(tiny_bert_no_dropout_dir, tmp_path):
     import psutil
 

@@ -76,8 +76,12 @@ def test_minilm_mean_cosine_export_embeds_identically_in_sentence_transformers(m
     assert abs(mine.norm().item() - 1) < 1e-5
 
 
-@pytest.mark.parametrize("extra", [[], ["--grad_cache_chunk_size", 3]], ids=["plain", "grad_cache"])
+@pytest.mark.parametrize("extra", [[], ["--grad_cache_chunk_size", 3], ["--refresh_negatives_every", 7],
+                                   ["--refresh_negatives_every", 5]],
+                         ids=["plain", "grad_cache", "refresh_between_checkpoints", "refresh_at_checkpoint"])
 def test_sigkilled_run_resumes_to_the_same_weights(tiny_bert_dir, tmp_path, extra):
+    """Killed after checkpoint 10. With refreshed negatives every 7 updates the kill falls between two refreshes
+    (7 and 14); every 5, right after the refresh that checkpoint 10 carries."""
     args = ["--max_train_steps", 30, "--checkpointing_steps", 5, "--mixed_precision", "bf16", *extra]
     ref = str(tmp_path / "ref")
     run_script("train_dpr.py", *tiny_args(tiny_bert_dir, ref, *args))

@@ -61,6 +61,9 @@ class TrainArgs:
         False, "Keep the pretrained word-embedding matrix fixed. It is ~half of a small encoder's parameters "
         "(MiniLM: 11.7M of 22.7M), updated densely by AdamW every step: freezing it makes CPU steps ~15% faster."
     )
+    torch_compile: bool = arg(
+        False, "Compile the model with torch.compile (inductor, through Accelerate). Compiling takes minutes on a CPU and recompiles for new input shapes: see docs/AMP.md for "
+        "where it pays off.")
     max_grad_norm: float = arg(1.0, "Clip the global gradient norm to this (0 disables clipping).")
     num_train_epochs: float = arg(2.0, "Training epochs (fractions allowed). Ignored if --max_train_steps is set.")
     max_train_steps: Optional[int] = arg(None, "Total optimizer updates; overrides --num_train_epochs.")

@@ -11,7 +11,7 @@ import torch
 
 
 class LengthGroupedBatchSampler(torch.utils.data.Sampler):
-    """Yields lists of indices. The order is a pure function of (seed, epoch): set `.epoch` before
+    """Yields lists of indices. The order is a pure function of (seed, epoch): `set_epoch` before
     iterating, and a resumed run that skips the first k batches sees exactly the batches it missed."""
 
     def __init__(self, lengths, batch_size: int, seed: int, group_by_length: bool = True, mega_batches: int = 50):
@@ -19,6 +19,9 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         self.batch_size, self.seed, self.group_by_length = batch_size, seed, group_by_length
         self.mega = mega_batches * batch_size
         self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
     def __len__(self):
         return (len(self.lengths) + self.batch_size - 1) // self.batch_size

@@ -8,6 +8,7 @@ Validation names the file and the question (its "id", else its index) in a one-l
 import hashlib
 
 import numpy as np
+import torch
 
 from utils.errors import UserError
 from utils.squad_data import read_json
@@ -110,3 +111,69 @@ def evaluation_corpus(dev: list[dict], passages: list[dict] | None) -> tuple[lis
                 corpus.append(c)
                 added += passages is not None
     return corpus, added
+
+
+class Tokenized:
+    """Texts tokenised once (not in every collate call), stored flat as int32 arrays: a batch of any of them is
+    padded to its longest (a multiple of 8, right padding) on demand."""
+
+    def __init__(self, encode, texts: list, chunk: int = 8192):
+        arrays, lengths = {}, []
+        for s in range(0, len(texts), chunk):  # chunks: a corpus of millions never becomes one Python list
+            enc = encode(texts[s:s + chunk])
+            lengths += [len(x) for x in enc["input_ids"]]
+            for key in ("input_ids", "token_type_ids", "attention_mask"):
+                if key in enc:
+                    arrays.setdefault(key, []).append(np.fromiter((t for x in enc[key] for t in x), dtype=np.int32))
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
+        self.arrays = {k: np.concatenate(v) for k, v in arrays.items()}
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def batch(self, indices, pad_token_id: int) -> dict:
+        indices = np.asarray(indices, dtype=np.int64)
+        width = -(-int(self.lengths[indices].max()) // 8) * 8
+        out = {}
+        for key, flat in self.arrays.items():
+            rows = np.full((len(indices), width), pad_token_id if key == "input_ids" else 0, dtype=np.int64)
+            for r, i in enumerate(indices):
+                rows[r, :self.lengths[i]] = flat[self.offsets[i]:self.offsets[i + 1]]
+            out[key] = torch.from_numpy(rows)
+        return out
+
+
+def _normalize(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def select_negatives(ranked: np.ndarray, questions: list[dict], passages: list[dict], count: int,
+                     current: np.ndarray) -> np.ndarray:
+    """Hard negatives from a ranking: for each question, the `count` best-ranked passages (indices into
+    `passages`, ranked[i] best first) that are not a positive of the question (same passage_id, else the same
+    text) and contain none of its answer strings (a passage that does is probably a false negative: the
+    filter Tevatron applies). Those ranked above the gold are the model's mistakes; when the model ranks the
+    gold first they are the ones just below it. A question left short (tiny corpus) keeps its earlier
+    negatives (`current`) to fill up."""
+    texts = [_normalize(p["text"]) for p in passages]
+    out = current.copy()
+    for i, q in enumerate(questions):
+        gold_keys = {passage_key(c) for c in q["positive_ctxs"]}
+        gold_texts = {_normalize(c["text"]) for c in q["positive_ctxs"]}
+        answers = [_normalize(a) for a in q.get("answers") or [] if isinstance(a, str) and a.strip()]
+        chosen = []
+        for j in ranked[i]:
+            if len(chosen) == count:
+                break
+            if (passage_key(passages[j]) in gold_keys or texts[j] in gold_texts
+                    or any(a in texts[j] for a in answers)):
+                continue
+            chosen.append(int(j))
+        for j in current[i]:  # fill up from the earlier negatives
+            if len(chosen) == count:
+                break
+            if j not in chosen:
+                chosen.append(int(j))
+        out[i] = chosen
+    return out

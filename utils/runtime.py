@@ -62,6 +62,7 @@ def setup(args) -> Accelerator:
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         log_with=trackers,
         project_dir=args.output_dir,
+        dynamo_backend="inductor" if args.torch_compile else None,  # None: the launcher's / config's setting
     )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
@@ -101,6 +102,13 @@ def check_layout(args, distributed_type, zero_stage) -> None:
         # weights cannot be loaded back into the unwrapped model, so the run would fail before publishing.
         raise UserError("--eval_steps keeps the best model, which cannot be restored into FSDP/ZeRO-3 sharded "
                         "parameters yet: drop --eval_steps (evaluate the saved checkpoints instead) or use DDP/ZeRO-2")
+
+
+def full_state_dict(accelerator, model) -> dict:
+    """The whole model's weights on every process (a collective: gathers FSDP/DeepSpeed shards), named as in the
+    uncompiled model: torch.compile's wrapper prefixes every name with `_orig_mod.`, and save_pretrained would
+    silently write nothing for names it does not know."""
+    return {k.replace("_orig_mod.", ""): v for k, v in accelerator.get_state_dict(model).items()}
 
 
 def peak_memory_mb(accelerator) -> float:

@@ -24,8 +24,8 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_scheduler
 
 from utils.errors import UserError
-from utils.runtime import (peak_memory_mb, replace_dir, restore_best_model, resolve_resume, save_checkpoint,
-                           tracker_config)
+from utils.runtime import (full_state_dict, peak_memory_mb, replace_dir, restore_best_model, resolve_resume,
+                           save_checkpoint, tracker_config)
 
 logger = logging.getLogger("qa-amp")
 
@@ -68,7 +68,7 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     def save(self, model, directory: str, state_dict: dict) -> None:
-        """Write the unwrapped model with the full fp32 `state_dict` (from accelerator.get_state_dict, which
+        """Write the unwrapped model with the full fp32 `state_dict` (from runtime.full_state_dict, which
         gathers FSDP/DeepSpeed shards) to `directory`. Called on the main process only."""
         ...
 
@@ -76,6 +76,16 @@ class Task(abc.ABC):
     def load(self, model, directory: str) -> None:
         """Load weights written by `save` into the (unwrapped) model."""
         ...
+
+    def start_epoch(self, model, epoch: int) -> None:
+        """Called when epoch `epoch` starts from its first batch (not when a run resumes inside it)."""
+
+    def after_update(self, model, step: int) -> None:
+        """Called after optimizer update `step` (before its evaluation and checkpoint; not after the last)."""
+
+    def checkpoint_objects(self) -> list:
+        """Task state that checkpoints must carry (objects with state_dict/load_state_dict)."""
+        return []
 
     @staticmethod
     def samples_in(batch) -> int:
@@ -241,12 +251,20 @@ def optimizer_step(optimizer, scaler) -> bool:
     return scaler.get_scale() < scale
 
 
-def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader, batch_sampler,
-        plan: Plan) -> tuple[LoopState, dict]:
+def set_epoch(loader, epoch: int) -> None:
+    """Give the batch sampler its epoch (its order is a function of seed and epoch). Accelerate's own set_epoch
+    stops at its shard wrapper under DDP, so walk the chain of batch samplers."""
+    while loader is not None:
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        loader = getattr(loader, "batch_sampler", None)
+
+
+def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader, plan: Plan) -> tuple[LoopState, dict]:
     """Train `model` (already prepared) for `plan.total_updates` updates. Returns the loop state and the final
     evaluation of the model left in place (the best one, if an earlier evaluation beat the last)."""
     state = LoopState()
-    accelerator.register_for_checkpointing(scheduler, state)
+    accelerator.register_for_checkpointing(scheduler, state, *task.checkpoint_objects())
     best_dir = os.path.join(args.output_dir, "best_model")
     resume_path = resolve_resume(args)
     if resume_path:
@@ -270,7 +288,13 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
     model.train()
     tick = time.perf_counter()
     while state.step < total_steps and not state.stopped_early and state.epoch < plan.epochs:
-        batch_sampler.epoch = state.epoch
+        set_epoch(train_loader, state.epoch)
+        if state.batch_in_epoch == 0:
+            housekeeping = time.perf_counter()
+            task.start_epoch(model, state.epoch)
+            model.train()
+            tick = time.perf_counter()
+            window["t0"] += tick - housekeeping  # not training time (like evaluation)
         loader = (accelerator.skip_first_batches(train_loader, state.batch_in_epoch)
                   if state.batch_in_epoch else train_loader)
         for batch in loader:
@@ -306,6 +330,9 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
             if state.step % args.logging_steps == 0 or state.step == total_steps:
                 _log_window(accelerator, state, scheduler, window, scaler, progress, log_path)
             housekeeping = time.perf_counter()
+            if state.step < total_steps:
+                task.after_update(model, state.step)
+                model.train()
             if args.eval_steps and state.step % args.eval_steps == 0 and state.step < total_steps:
                 _evaluate_and_track(accelerator, args, task, model, state, best_dir)
                 model.train()
@@ -359,7 +386,7 @@ def _evaluate_and_track(accelerator, args, task, model, state, best_dir, final=F
     if state.best_metric is None or value > state.best_metric:
         state.best_metric, state.best_step, state.evals_without_improvement = value, state.step, 0
         if not final and args.eval_steps:  # only intermediate bests need a copy on disk
-            state_dict = accelerator.get_state_dict(model)  # a collective under FSDP/DeepSpeed: every process
+            state_dict = full_state_dict(accelerator, model)  # a collective under FSDP/DeepSpeed: every process
             if accelerator.is_main_process:
                 task.save(accelerator.unwrap_model(model), best_dir + ".tmp", state_dict)
                 replace_dir(best_dir + ".tmp", best_dir)
