@@ -28,30 +28,24 @@ model and reader_settings.json (load it with utils.reader.Reader), predictions.j
 answer), eval_results.json and train_log.jsonl.
 """
 
-import hashlib
 import logging
 import os
-import time
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+from transformers import AutoTokenizer
 
-from utils.args import TrainArgs, arg, check_max_length, packaged_minilm, parse_args
+from utils.args import TrainArgs, arg, check_at_least_one, check_max_length, packaged_minilm, parse_args
 from utils.batching import LengthGroupedBatchSampler, pad_batch
 from utils.errors import UserError, exit_on_user_error
-from utils.features_cache import cached_map
-from utils.qa_decoding import apply_null_threshold
-from utils.qa_features import check_tokenizer, prepare_eval_features, prepare_train_features
-from utils.qa_metrics import best_null_threshold, squad_metrics
-from utils.reader import MODEL_INPUTS, ReaderSettings, decode, span_logits
-from utils.runtime import finish, full_state_dict, publish_dir, setup, write_json
+from utils.qa_features import check_tokenizer
+from utils.reader import MODEL_INPUTS, ReaderSettings
+from utils.reader_task import ReaderTask, load_model, prepare_split, tokenize, use_trained_reader
+from utils.runtime import setup
 from utils.squad_data import is_impossible, load_squad, split_by_article
-from utils.training import (Task, build_optimizer, build_scheduler, evaluate, evaluate_before_training, fit,
-                            load_weights, plan_steps, run_summary)
+from utils.training import build_optimizer, run
 
 logger = logging.getLogger("qa-amp")
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
@@ -93,6 +87,21 @@ class ReaderArgs(TrainArgs):
     num_train_epochs: Optional[float] = arg(None, "Training epochs (fractions allowed; default 8 on the shipped "
                                             "sample, 2 otherwise). Ignored if --max_train_steps is set.")
     per_device_train_batch_size: int = arg(16, "Micro-batch size per process (in windows).")
+    metric_for_best_model: str = arg("f1", "Metric (higher is better) that picks the best model and drives early "
+                                           "stopping.")
+    group_by_length: bool = arg(True, "Batch windows of similar length together (random order across buckets) to "
+                                      "cut padding.")
+    preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
+    cache_dir: Optional[str] = arg(None, "Cache for tokenised datasets (default: ~/.cache/qa-amp).")
+
+    def use_shipped_sample(self) -> None:
+        """No data given: the offline demo on the shipped sample, with more passes (it is tiny; ~2 minutes)."""
+        if self.validation_file or self.dev_split:
+            raise UserError("--validation_file/--dev_split need a --train_file")
+        self.train_file = os.path.join(SAMPLE_DIR, "train.json")
+        self.validation_file = os.path.join(SAMPLE_DIR, "dev.json")
+        if self.num_train_epochs is None:
+            self.num_train_epochs = 8.0
 
     def validate(self):
         recorded = ReaderSettings.load(self.model_name_or_path) or ReaderSettings()
@@ -114,12 +123,7 @@ class ReaderArgs(TrainArgs):
         elif self.predict_file:
             raise UserError("--predict_file needs --do_train false (predict with a trained reader)")
         elif self.train_file is None and self.dataset_name is None:
-            if self.validation_file or self.dev_split:
-                raise UserError("--validation_file/--dev_split need a --train_file")
-            self.train_file = os.path.join(SAMPLE_DIR, "train.json")
-            self.validation_file = os.path.join(SAMPLE_DIR, "dev.json")
-            if self.num_train_epochs is None:  # the sample is tiny: more passes, still about two minutes
-                self.num_train_epochs = 8.0
+            self.use_shipped_sample()
         if self.num_train_epochs is None:
             self.num_train_epochs = 2.0
         if self.dev_split is not None:
@@ -136,6 +140,7 @@ class ReaderArgs(TrainArgs):
         if not 0 <= self.doc_stride < self.max_seq_length - self.max_query_length - 3:
             raise UserError(f"--doc_stride ({self.doc_stride}) must be smaller than the context part of a window "
                             f"(max_seq_length - max_query_length - 3 = {self.max_seq_length - self.max_query_length - 3})")
+        check_at_least_one(self, "preprocessing_num_workers")
         super().validate()
 
 
@@ -162,98 +167,6 @@ def load_examples(args) -> tuple[list[dict], list[dict]]:
     if args.max_eval_samples:
         dev = dev[: args.max_eval_samples]
     return train, dev
-
-
-def tokenize(accelerator, args, tokenizer, examples, for_training: bool):
-    fn = prepare_train_features if for_training else prepare_eval_features
-    vocab = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
-    settings = dict(max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
-                    max_query_length=args.max_query_length)
-    return cached_map(accelerator, examples, fn, dict(tokenizer=tokenizer, **settings), dict(vocab=vocab, **settings),
-                      args.cache_dir, args.preprocessing_num_workers)
-
-
-@dataclass
-class Split:
-    """Examples to answer, their windows, and a prepared loader over the windows (in order)."""
-
-    examples: list[dict]
-    features: object  # datasets.Dataset with example_id and offset_mapping
-    loader: DataLoader
-
-
-def prepare_split(accelerator, args, tokenizer, examples, collate) -> Split:
-    features = tokenize(accelerator, args, tokenizer, examples, for_training=False)
-    if len(features) == 0:
-        raise UserError("no evaluation windows after tokenisation")
-    inputs = [c for c in MODEL_INPUTS if c in features.column_names]
-    loader = DataLoader(features.select_columns(inputs), batch_size=args.per_device_eval_batch_size, collate_fn=collate)
-    return Split(examples, features, accelerator.prepare(loader))
-
-
-# --- the task the shared loop trains -----------------------------------------------------------------
-
-class ReaderTask(Task):
-    tracker_project = "qa-amp-reader"
-
-    def __init__(self, accelerator, args, tokenizer, dev: Split, with_no_answer, recorded: ReaderSettings | None = None):
-        """`recorded`: the settings of a trained reader being evaluated as it is; its threshold is then the one
-        predictions use (and `recorded_*` metrics report), next to threshold 0 and the threshold tuned on `dev`."""
-        self.accelerator, self.args, self.tokenizer = accelerator, args, tokenizer
-        self.dev, self.with_no_answer, self.recorded = dev, with_no_answer, recorded
-
-    @property
-    def metric_names(self) -> list[str]:
-        """What `evaluate` reports, from the same functions: squad_metrics' names for this dev set (HasAns/NoAns
-        only where such questions exist), then for SQuAD v2 the same at the dev-tuned threshold."""
-        refs = {ex["id"]: ex["answers"]["text"] for ex in self.dev.examples}
-        names = list(squad_metrics(refs, dict.fromkeys(refs, "")))
-        if self.with_no_answer:
-            names += [f"tuned_{k}" for k in names if "total" not in k] + ["null_threshold"]
-        return names
-
-    def compute_loss(self, model, batch):
-        """Mean of the start and end cross-entropies over real tokens only. (transformers' own QA loss also
-        spreads probability over padding, so it would change with each batch's padded width.)"""
-        labels = (batch["start_positions"], batch["end_positions"])
-        out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
-        padding = batch["attention_mask"] == 0
-        return sum(F.cross_entropy(logits.float().masked_fill(padding, -1e4), target)
-                   for logits, target in zip((out.start_logits, out.end_logits), labels)) / 2
-
-    def decode(self, model, split: Split) -> dict:
-        """The same decoding as utils.reader.Reader, with the windows' logits gathered across processes: padded to
-        a common width, without the duplicates that even batching adds."""
-        acc = self.accelerator
-        gather = lambda t: acc.gather_for_metrics(acc.pad_across_processes(t, dim=1, pad_index=-1e4))  # noqa: E731
-        starts, ends = span_logits(model, split.loader, gather)
-        return decode(split.examples, split.features, starts, ends, self.args)
-
-    def evaluate(self, model) -> dict:
-        decoded = self.decode(model, self.dev)
-        refs = {ex["id"]: ex["answers"]["text"] for ex in self.dev.examples}
-        if not self.with_no_answer:  # SQuAD v1.1: every question has an answer, no threshold
-            predictions = apply_null_threshold(decoded, None)
-            metrics = squad_metrics(refs, predictions)
-        else:
-            metrics = squad_metrics(refs, apply_null_threshold(decoded, 0.0))
-            _, threshold = best_null_threshold(refs, {i: d["text"] for i, d in decoded.items()},
-                                               {i: d["null_minus_best"] for i, d in decoded.items()})
-            predictions = apply_null_threshold(decoded, threshold)
-            metrics.update({f"tuned_{k}": v for k, v in squad_metrics(refs, predictions).items() if "total" not in k})
-            metrics["null_threshold"] = threshold
-        if self.recorded is not None:
-            predictions = apply_null_threshold(decoded, self.recorded.null_threshold)
-            metrics.update({f"recorded_{k}": v for k, v in squad_metrics(refs, predictions).items() if "total" not in k})
-            metrics["recorded_null_threshold"] = self.recorded.null_threshold
-        return {"metrics": metrics, "predictions": predictions, "decoded": decoded}
-
-    def save(self, model, directory, state_dict):
-        model.save_pretrained(directory, state_dict=state_dict)  # fp32 master weights; safetensors (transformers 5)
-        self.tokenizer.save_pretrained(directory)
-
-    def load(self, model, directory):
-        load_weights(model, os.path.join(directory, "model.safetensors"))
 
 
 @exit_on_user_error
@@ -295,100 +208,10 @@ def main(argv=None):
     model = load_model(args)
     optimizer = build_optimizer(model, args, accelerator.device)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
-    plan = plan_steps(args, train_loader)  # from the prepared loader: this process's real share
-    scheduler = build_scheduler(optimizer, args, plan.total_updates)
-    task = ReaderTask(accelerator, args, tokenizer, dev, with_no_answer)
-    task.check_metric_for_best_model(args.metric_for_best_model)
 
-    before = evaluate_before_training(accelerator, args, task, model, _headline)
-
-    # --- fit -----------------------------------------------------------------------------------------
-    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, plan)
-
-    # --- validate and publish ------------------------------------------------------------------------
-    accelerator.print("after training:  " + _headline(final["metrics"]))
-    summary = run_summary(accelerator, optimizer, plan, state, final, before, "windows")
-    # The model answers with the threshold its predictions.json used: tuned on dev for SQuAD v2 data,
-    # none (always answer) for v1.1. reader_settings.json carries it, and the windowing, with the weights.
-    settings = ReaderSettings(args.max_seq_length, args.doc_stride, args.max_query_length, args.n_best_size,
-                              args.max_answer_length, final["metrics"].get("null_threshold"))
-    summary["predictions_null_threshold"] = settings.null_threshold
-    state_dict = full_state_dict(accelerator, model)  # every process: gathers FSDP/DeepSpeed shards
-    with publish_dir(accelerator, args.output_dir) as tmp:
-        if accelerator.is_main_process:
-            task.save(accelerator.unwrap_model(model), tmp, state_dict)
-            settings.save(tmp)
-    write_outputs(accelerator, args.output_dir, final)
-    write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"), summary)
-    accelerator.print(f"saved model, predictions.json and eval_results.json to {args.output_dir} "
-                      f"({summary['train_windows_per_second']} train windows/s, {state.skipped_steps} skipped updates)")
-    finish(accelerator)
-
-
-def load_model(args):
-    try:
-        return AutoModelForQuestionAnswering.from_pretrained(args.model_name_or_path)
-    except (OSError, ValueError) as err:
-        raise UserError(f"{args.model_name_or_path}: cannot load a QA model ({str(err).splitlines()[0]})") from None
-
-
-def write_outputs(accelerator, directory, result):
-    write_json(accelerator, os.path.join(directory, "predictions.json"), result["predictions"])
-    write_json(accelerator, os.path.join(directory, "null_scores.json"),
-               {i: d["null_minus_best"] for i, d in result["decoded"].items()})
-
-
-def use_trained_reader(accelerator, args, tokenizer, collate):
-    """--do_train false: evaluate on --validation_file and/or answer --predict_file with the model as it was
-    saved (its recorded threshold; a model without reader_settings.json gets threshold 0, the pipeline's rule)."""
-    recorded = ReaderSettings.load(args.model_name_or_path) or ReaderSettings()
-    model = accelerator.prepare(load_model(args))
-    model.eval()
-    if args.validation_file:
-        examples, _ = load_squad(args.validation_file)
-        examples = examples[: args.max_eval_samples] if args.max_eval_samples else examples
-        split = prepare_split(accelerator, args, tokenizer, examples, collate)
-        task = ReaderTask(accelerator, args, tokenizer, split, any(is_impossible(ex) for ex in examples), recorded)
-        result = evaluate(task, model)
-        m = result["metrics"]
-        accelerator.print(f"{args.validation_file}, {len(examples)} questions\n"
-                          f"  at the model's recorded null threshold ({m['recorded_null_threshold']}): "
-                          f"EM {m['recorded_exact']:.2f} F1 {m['recorded_f1']:.2f} (predictions.json)\n"
-                          f"  at threshold 0: {_headline(m)} (tuned on this very file: an upper bound)")
-        write_outputs(accelerator, args.output_dir, result)
-        write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"),
-                   {"model": args.model_name_or_path, "file": args.validation_file, "metrics": m,
-                    "note": "recorded_*: the model's own threshold (what predictions.json uses); exact/f1/HasAns/NoAns: "
-                            "threshold 0; tuned_*: threshold tuned on this file, an upper bound"})
-    if args.predict_file:
-        examples, _ = load_squad(args.predict_file, labelled=False)
-        start = time.perf_counter()
-        split = prepare_split(accelerator, args, tokenizer, examples, collate)
-        task = ReaderTask(accelerator, args, tokenizer, split, False, recorded)
-        with torch.no_grad():
-            decoded = task.decode(model, split)
-        seconds = time.perf_counter() - start
-        predictions = apply_null_threshold(decoded, recorded.null_threshold)
-        write_json(accelerator, os.path.join(args.output_dir, "predictions.json"), predictions)
-        write_json(accelerator, os.path.join(args.output_dir, "nbest.json"), {
-            i: {"answer": predictions[i], "null_score": d["null_score"], "null_minus_best": d["null_minus_best"],
-                "nbest": d["nbest"]} for i, d in decoded.items()})
-        speed = {"questions": len(examples), "windows": len(split.features), "seconds": round(seconds, 2),
-                 "questions_per_second": round(len(examples) / seconds, 2), "null_threshold": recorded.null_threshold,
-                 "precision": accelerator.mixed_precision, "processes": accelerator.num_processes}
-        write_json(accelerator, os.path.join(args.output_dir, "predict_results.json"), speed)
-        accelerator.print(f"{args.predict_file}: answered {len(examples)} questions ({len(split.features)} windows) in "
-                          f"{seconds:.1f} s, {speed['questions_per_second']} questions/s; predictions.json and "
-                          f"nbest.json in {args.output_dir}")
-    finish(accelerator)
-
-
-def _headline(m: dict) -> str:
-    line = f"EM {m['exact']:.2f} F1 {m['f1']:.2f}"
-    if "HasAns_f1" in m and "NoAns_f1" in m:
-        line += (f" (HasAns F1 {m['HasAns_f1']:.2f}, NoAns {m['NoAns_f1']:.2f}); at the dev-tuned null threshold "
-                 f"{m['null_threshold']:.3f}: EM {m['tuned_exact']:.2f} F1 {m['tuned_f1']:.2f}")
-    return line
+    # --- fit, validate, publish ----------------------------------------------------------------------
+    run(accelerator, args, ReaderTask(accelerator, args, tokenizer, dev, with_no_answer), model, optimizer,
+        train_loader)
 
 
 if __name__ == "__main__":

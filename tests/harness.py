@@ -75,18 +75,12 @@ def record_training_batches(directory):
     BatchSamplerShard.__iter__ = recording_iter
 
 
-utils.runtime.Accelerator = CPUFp16Accelerator
-if os.environ.get("RECORD_BATCHES"):
-    record_training_batches(os.environ["RECORD_BATCHES"])
-if os.environ.get("FP16_CPU_OPTIMIZER"):
-    utils.training.fused_adamw_supported = lambda device: os.environ["FP16_CPU_OPTIMIZER"] == "fused"
-
 def record_refreshed_negatives(directory):
     """Wrap DPRTask.refresh_negatives to log, per process, every question's negatives (passage keys) after it."""
-    import train_dpr
     from utils.dpr_data import passage_key
+    from utils.dpr_task import DPRTask
 
-    refresh = train_dpr.DPRTask.refresh_negatives
+    refresh = DPRTask.refresh_negatives
 
     def recording(self, model, when):
         refresh(self, model, when)
@@ -95,14 +89,18 @@ def record_refreshed_negatives(directory):
         with open(os.path.join(directory, f"rank{self.accelerator.process_index}.jsonl"), "a") as f:
             f.write(json.dumps({"when": when, "negatives": negatives}) + "\n")
 
-    train_dpr.DPRTask.refresh_negatives = recording
-    return train_dpr
+    DPRTask.refresh_negatives = recording
 
+
+utils.runtime.Accelerator = CPUFp16Accelerator
+if os.environ.get("RECORD_BATCHES"):
+    record_training_batches(os.environ["RECORD_BATCHES"])
+if os.environ.get("RECORD_NEGATIVES"):
+    record_refreshed_negatives(os.environ["RECORD_NEGATIVES"])
+if os.environ.get("FP16_CPU_OPTIMIZER"):
+    utils.training.fused_adamw_supported = lambda device: os.environ["FP16_CPU_OPTIMIZER"] == "fused"
 
 if __name__ == "__main__":
     script = os.path.join(ROOT, sys.argv[1])
     sys.argv = [script] + sys.argv[2:]
-    if os.environ.get("RECORD_NEGATIVES"):  # the imported module's main, so that the wrapper is the one called
-        record_refreshed_negatives(os.environ["RECORD_NEGATIVES"]).main()
-    else:
-        runpy.run_path(script, run_name="__main__")
+    runpy.run_path(script, run_name="__main__")

@@ -34,3 +34,22 @@ def test_ranks_and_reciprocal_rank_fusion_by_hand():
 def test_a_question_sharing_no_term_with_the_corpus_is_not_a_hit():
     scores = BM25(CORPUS).scores(["Is it?"])  # stopwords only
     assert (scores == 0).all() and gold_ranks(scores, [[0]]).tolist() == [3]
+
+
+def test_convex_fusion_weight_is_tuned_and_cross_fitted_by_hand():
+    from utils.bm25 import convex_fusion, cross_fitted_fusion, tune_dense_weight
+
+    # q0: dense ranks p0 first, BM25 p1 first; the gold p2 is second in both (normalised: dense [1, 0, .75],
+    # lexical [0, 1, .8]), so it wins for dense weights in (0.21, 0.76). q1: its gold p1 wins only for w > 0.53.
+    dense = np.array([[0.9, 0.1, 0.7], [0.1, 0.9, 0.0]])
+    lexical = np.array([[0.0, 2.0, 1.6], [1.0, 0.0, 0.5]])
+    gold = [[2], [1]]
+    assert convex_fusion(dense[:1], lexical[:1], 0.5)[0].tolist() == pytest.approx([0.5, 0.5, 0.775])
+    assert gold_ranks(convex_fusion(dense, lexical, 1.0), gold).tolist() == gold_ranks(dense, gold).tolist()
+    assert gold_ranks(convex_fusion(dense, lexical, 0.0), gold).tolist() == gold_ranks(lexical, gold).tolist()
+    assert tune_dense_weight(dense[:1], lexical[:1], gold[:1]) == 0.25  # the smallest of the best
+    assert tune_dense_weight(dense[1:], lexical[1:], gold[1:]) == 0.55
+    # Cross-fitted: q0 is fused with q1's weight (0.55: still first), q1 with q0's (0.25: its gold falls to 3rd).
+    fused, weight = cross_fitted_fusion(dense, lexical, gold)
+    assert gold_ranks(fused, gold).tolist() == [1, 3]
+    assert weight == 0.55  # tuned on both: the one weight that puts both golds first

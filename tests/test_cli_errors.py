@@ -12,7 +12,8 @@ import pytest
 from transformers import AutoTokenizer, RobertaConfig
 
 from conftest import assert_user_error, run_script
-from utils.args import TrainArgs, parse_args
+from train_reader import ReaderArgs
+from utils.args import parse_args
 from utils.errors import UserError
 
 
@@ -93,14 +94,14 @@ def test_bad_command_line_is_one_error_line_before_training(runs, tiny_bert_dir,
 ])
 def test_parse_errors_are_one_line_user_errors(argv, expected):
     with pytest.raises(UserError) as err:
-        parse_args(TrainArgs, argv)
+        parse_args(ReaderArgs, argv)
     assert expected in str(err.value) and "\n" not in str(err.value)
     assert ("did you mean" in expected) == ("did you mean" in str(err.value))
 
 
 def test_help_lists_the_flags(capsys):
     with pytest.raises(SystemExit) as exit_:
-        parse_args(TrainArgs, ["--help"])
+        parse_args(ReaderArgs, ["--help"])
     assert exit_.value.code == 0
     assert "freezing it makes CPU steps ~15% faster" in " ".join(capsys.readouterr().out.split())
 

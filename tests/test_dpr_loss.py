@@ -7,7 +7,8 @@ import torch
 from accelerate import Accelerator
 
 from utils.bi_encoder import BiEncoder
-from utils.dpr_loss import contrastive_scores, dpr_loss, global_loss, grad_cache_step
+from utils.dpr_loss import contrastive_scores, dpr_loss, global_loss
+from utils.grad_cache import grad_cache_step
 
 
 def test_loss_by_hand_with_hard_negatives():
@@ -79,6 +80,16 @@ def _assert_same(a, b):
         assert (ga[name] - gb[name]).abs().max().item() <= 1e-5 * scale + 1e-9, name
 
 
+def _grad_cache(accelerator, model, q_in, p_in, keys, chunk):
+    """DPR's GradCache step (as utils.dpr_task builds it): chunks of `chunk` questions with their passages."""
+    per_question = len(p_in["input_ids"]) // len(q_in["input_ids"])
+    chunks = [{"query": {k: v[s:s + chunk] for k, v in q_in.items()},
+               "passage": {k: v[s * per_question:(s + chunk) * per_question] for k, v in p_in.items()}}
+              for s in range(0, len(q_in["input_ids"]), chunk)]
+    return grad_cache_step(accelerator, model, chunks, lambda m, c: m(**c),
+                           lambda q, p: global_loss(q, p, keys, 0.05)[1::-1], 1.0)  # (for_backward, loss)
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 8])
 def test_grad_cache_gradients_equal_full_batch_gradients(tiny_bert_dir, tokenizer, chunk):
     accelerator = Accelerator(cpu=True)
@@ -90,7 +101,7 @@ def test_grad_cache_gradients_equal_full_batch_gradients(tiny_bert_dir, tokenize
         for_backward.backward()
         return loss
 
-    cached = lambda m: grad_cache_step(accelerator, m, q_in, p_in, keys, 0.05, chunk)  # noqa: E731
+    cached = lambda m: _grad_cache(accelerator, m, q_in, p_in, keys, chunk)  # noqa: E731
     _assert_same(_grads(tiny_bert_dir, full_batch, dropout=False), _grads(tiny_bert_dir, cached, dropout=False))
 
 
@@ -112,5 +123,5 @@ def test_grad_cache_replays_dropout_masks(tiny_bert_dir, tokenizer):
         for_backward.backward()
         return loss
 
-    cached = lambda m: grad_cache_step(accelerator, m, q_in, p_in, keys, 0.05, chunk)  # noqa: E731
+    cached = lambda m: _grad_cache(accelerator, m, q_in, p_in, keys, chunk)  # noqa: E731
     _assert_same(_grads(tiny_bert_dir, chunked_in_memory, dropout=True), _grads(tiny_bert_dir, cached, dropout=True))

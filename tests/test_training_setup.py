@@ -135,3 +135,16 @@ def test_best_model_keeping_under_sharded_parameters_is_refused_at_start_up():
     for layout, stage in ((DistributedType.FSDP, None), (DistributedType.DEEPSPEED, 3)):
         with pytest.raises(UserError, match="cannot be restored into FSDP/ZeRO-3"):
             check_layout(args, layout, stage)
+
+
+def test_a_compiled_model_is_saved_under_its_own_weight_names():
+    """--torch_compile: the compiled wrapper names every weight `_orig_mod.<name>`, and save_pretrained silently
+    wrote nothing for names it did not know. full_state_dict gives the model's own names."""
+    from accelerate import Accelerator
+
+    from utils.runtime import full_state_dict
+
+    accelerator = Accelerator(cpu=True)
+    compiled = torch.compile(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    assert set(accelerator.get_state_dict(compiled)) == {"_orig_mod.0.weight", "_orig_mod.0.bias"}
+    assert set(full_state_dict(accelerator, compiled)) == {"0.weight", "0.bias"}

@@ -1,7 +1,10 @@
 """Typed arguments shared by both scripts: one dataclass per script, a help string per field, checks in one place.
 
-`TrainArgs` holds everything the training loop, precision handling and checkpointing need; each script
-subclasses it with its data and model fields. `parse_args` turns the command line into the dataclass and
+`TrainArgs` holds the settings of the shared loop, precision handling and checkpointing that mean the same in
+every task. Each script subclasses it with its data and model fields and with the loop settings whose default
+depends on the task: output_dir, learning_rate, num_train_epochs, per_device_train_batch_size,
+metric_for_best_model and group_by_length (the loop reads them; a task's Args must declare them).
+`parse_args` turns the command line into the dataclass and
 runs `validate()`, so a bad combination of flags is a one-line error before anything is loaded.
 """
 
@@ -35,9 +38,16 @@ def arg(default, help: str, **kwargs):
     return field(default=default, metadata={"help": help, **kwargs})
 
 
+def check_at_least_one(args, *names: str) -> None:
+    """Count flags must be at least 1 where given (None: not given)."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name} must be at least 1 (got {value})")
+
+
 @dataclass
 class TrainArgs:
-    output_dir: str = arg("outputs/run", "Where the final model, metrics, predictions and checkpoints go.")
     overwrite_output_dir: bool = arg(
         False, "Start over even if output_dir holds checkpoints of an earlier run (they are deleted)."
     )
@@ -48,13 +58,11 @@ class TrainArgs:
     use_amp: bool = arg(False, "Shorthand for --mixed_precision fp16 (the FARM/Haystack flag).")
     # --- optimisation ----------------------------------------------------------------------------
     seed: int = arg(42, "Seed for model initialisation, data order and dropout.")
-    learning_rate: float = arg(5e-5, "Peak learning rate of AdamW.")
     weight_decay: float = arg(0.01, "AdamW weight decay (not applied to biases and LayerNorm weights).")
     warmup_ratio: float = arg(0.1, "Fraction of the optimizer updates spent warming the learning rate up.")
     lr_scheduler_type: Literal["linear", "cosine", "constant_with_warmup"] = arg(
         "linear", "Learning-rate schedule, sized in optimizer updates (not micro-batches)."
     )
-    per_device_train_batch_size: int = arg(16, "Micro-batch size per process.")
     per_device_eval_batch_size: int = arg(64, "Evaluation batch size per process.")
     gradient_accumulation_steps: int = arg(1, "Micro-batches summed into one optimizer update.")
     freeze_word_embeddings: bool = arg(
@@ -62,24 +70,18 @@ class TrainArgs:
         "(MiniLM: 11.7M of 22.7M), updated densely by AdamW every step: freezing it makes CPU steps ~15% faster."
     )
     torch_compile: bool = arg(
-        False, "Compile the model with torch.compile (inductor, through Accelerate). Compiling takes minutes on a CPU and recompiles for new input shapes: see docs/AMP.md for "
-        "where it pays off.")
+        False, "Compile the model with torch.compile (inductor, through Accelerate). Compiling takes minutes on a "
+        "CPU and recompiles for new input shapes: see docs/AMP.md for where it pays off.")
     max_grad_norm: float = arg(1.0, "Clip the global gradient norm to this (0 disables clipping).")
-    num_train_epochs: float = arg(2.0, "Training epochs (fractions allowed). Ignored if --max_train_steps is set.")
     max_train_steps: Optional[int] = arg(None, "Total optimizer updates; overrides --num_train_epochs.")
     max_train_samples: Optional[int] = arg(None, "Train on the first N examples only (quick runs).")
     max_eval_samples: Optional[int] = arg(None, "Evaluate on the first N examples only (quick runs).")
-    group_by_length: bool = arg(
-        True, "Batch inputs of similar length together (random order across buckets) to cut padding."
-    )
-    preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
     # --- evaluation, checkpoints, logging ---------------------------------------------------------
     eval_before_training: bool = arg(True, "Evaluate the starting model, so the gain from training is visible.")
     eval_steps: Optional[int] = arg(None, "Evaluate every N optimizer updates (always at the end).")
     early_stopping_patience: Optional[int] = arg(
         None, "Stop after N evaluations without improvement of --metric_for_best_model (needs --eval_steps)."
     )
-    metric_for_best_model: str = arg("f1", "Metric (higher is better) that picks the best model and drives early stopping.")
     checkpointing_steps: Optional[int] = arg(None, "Save the full training state every N optimizer updates.")
     checkpoints_total_limit: Optional[int] = arg(2, "Keep at most this many checkpoints (oldest deleted first).")
     resume_from_checkpoint: Optional[str] = arg(
@@ -87,18 +89,13 @@ class TrainArgs:
     )
     logging_steps: int = arg(10, "Log loss and learning rate every N optimizer updates.")
     report_to: Literal["none", "tensorboard", "wandb", "all"] = arg("none", "Experiment trackers (via Accelerate).")
-    cache_dir: Optional[str] = arg(None, "Cache for tokenised datasets (default: ~/.cache/qa-amp).")
 
     def validate(self) -> None:
         """Every cross-field check lives here; subclasses extend it."""
-        positive = ["per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                    "logging_steps"]
-        positive += [name for name in ("max_train_steps", "max_train_samples", "max_eval_samples", "eval_steps",
-                                       "checkpointing_steps", "checkpoints_total_limit", "early_stopping_patience",
-                                       "preprocessing_num_workers") if getattr(self, name) is not None]
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name} must be at least 1 (got {getattr(self, name)})")
+        check_at_least_one(self, "per_device_train_batch_size", "per_device_eval_batch_size",
+                           "gradient_accumulation_steps", "logging_steps", "max_train_steps", "max_train_samples",
+                           "max_eval_samples", "eval_steps", "checkpointing_steps", "checkpoints_total_limit",
+                           "early_stopping_patience")
         if self.learning_rate <= 0:
             raise UserError(f"--learning_rate must be positive (got {self.learning_rate})")
         if not 0 <= self.warmup_ratio < 1:

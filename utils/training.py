@@ -1,7 +1,9 @@
 """The one training loop shared by train_reader.py and train_dpr.py.
 
-A script describes its model with a `Task` (how one batch becomes a loss, how to evaluate, how to
-save and load weights) and hands it to `fit`, which owns everything else: gradient accumulation
+A script reads its arguments and data, builds its model and a `Task` (how one batch becomes a loss, how to
+evaluate, save, load and report), prepares them with Accelerate and calls `run`: the whole run from there on
+(plan, schedule, evaluation of the starting model, `fit`, publishing the model with the task's outputs and
+eval_results.json). `fit` owns the loop itself: gradient accumulation
 (`accelerator.accumulate`), clipping on sync steps only (`accelerator.clip_grad_norm_` unscales fp16
 gradients first), optimizer and LR-schedule steps sized in optimizer updates, fp16 steps skipped by
 the loss scaler (counted, logged with the scale, and not advancing the schedule), periodic
@@ -24,29 +26,36 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_scheduler
 
 from utils.errors import UserError
-from utils.runtime import (full_state_dict, peak_memory_mb, replace_dir, restore_best_model, resolve_resume,
-                           save_checkpoint, tracker_config)
+from utils.runtime import (finish, full_state_dict, peak_memory_mb, publish_dir, replace_dir, restore_best_model,
+                           resolve_resume, save_checkpoint, tracker_config, write_json)
 
 logger = logging.getLogger("qa-amp")
 
 
 class Task(abc.ABC):
-    """What the loop needs to know about a model. Subclasses implement compute_loss, evaluate, save, load."""
+    """What the loop needs to know about a model. Subclasses implement compute_loss, metric_names, headline,
+    evaluate, save and load; the rest has defaults."""
 
     tracker_project = "qa-amp"
+    samples_name = "samples"  # what one training input is called in eval_results.json and the logs
 
-    def compute_loss(self, model, batch) -> torch.Tensor:
-        """Loss of one batch; used by the default train_step (a task that overrides train_step needn't)."""
+    def model_inputs(self, batch):
+        """What the training loader yielded -> the batch `compute_loss` takes (default: the same)."""
+        return batch
+
+    def compute_loss(self, model, batch):
+        """Loss of one batch: a tensor, or (loss to backpropagate, loss to log) where they differ."""
         raise TypeError(f"{type(self).__name__} defines neither compute_loss nor train_step")
 
     def train_step(self, accelerator, model, batch, weight: float = 1.0) -> torch.Tensor:
-        """Forward and backward of one micro-batch; returns the detached loss. `weight` multiplies only the
-        backpropagated loss: the loop passes k/r to the r < k micro-batches of an epoch's last, partial
+        """Forward and backward of one micro-batch; returns the detached loss to log. `weight` multiplies only
+        the backpropagated loss: the loop passes k/r to the r < k micro-batches of an epoch's last, partial
         accumulation window (Accelerate divides every loss by k), so that update has full weight.
-        Override for chunked backward passes (GradCache)."""
-        loss = self.compute_loss(model, batch)
-        accelerator.backward(loss * weight if weight != 1.0 else loss)
-        return loss.detach()
+        Override for chunked backward passes (utils.grad_cache)."""
+        loss = self.compute_loss(model, self.model_inputs(batch))
+        backprop, logged = loss if isinstance(loss, tuple) else (loss, loss)
+        accelerator.backward(backprop * weight if weight != 1.0 else backprop)
+        return logged.detach()
 
     @property
     @abc.abstractmethod
@@ -62,9 +71,22 @@ class Task(abc.ABC):
                             + ", ".join(self.metric_names))
 
     @abc.abstractmethod
+    def headline(self, metrics: dict) -> str:
+        """The one line printed before and after training."""
+        ...
+
+    @abc.abstractmethod
     def evaluate(self, model) -> dict:
         """Run evaluation; return a dict with at least 'metrics' (flat name -> float)."""
         ...
+
+    def write_outputs(self, directory: str, result: dict) -> None:
+        """Write what the final evaluation produced besides metrics (predictions, rankings...) into `directory`.
+        Called on the main process only."""
+
+    def summary(self, result: dict) -> dict:
+        """Task-specific entries of eval_results.json."""
+        return {}
 
     @abc.abstractmethod
     def save(self, model, directory: str, state_dict: dict) -> None:
@@ -170,14 +192,37 @@ def evaluate(task: Task, model) -> dict:
         return task.evaluate(model)
 
 
-def evaluate_before_training(accelerator, args, task: Task, model, headline) -> dict | None:
+def evaluate_before_training(accelerator, args, task: Task, model) -> dict | None:
     """The starting model's metrics, so the gain from training is visible (not when resuming a checkpoint;
     `--resume_from_checkpoint latest` with no checkpoint yet is a fresh start and gets them)."""
     if not args.eval_before_training or resolve_resume(args):
         return None
     metrics = evaluate(task, model)["metrics"]
-    accelerator.print("before training: " + headline(metrics))
+    accelerator.print("before training: " + task.headline(metrics))
     return metrics
+
+
+def run(accelerator, args, task: Task, model, optimizer, train_loader) -> None:
+    """Everything after `accelerator.prepare(model, optimizer, train_loader)`: plan the updates, evaluate the
+    starting model, fit, then publish the model, the task's outputs and eval_results.json together."""
+    task.check_metric_for_best_model(args.metric_for_best_model)
+    plan = plan_steps(args, train_loader)  # from the prepared loader: this process's real share
+    scheduler = build_scheduler(optimizer, args, plan.total_updates)
+    before = evaluate_before_training(accelerator, args, task, model)
+    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, plan)
+    accelerator.print("after training:  " + task.headline(final["metrics"]))
+    summary = {**run_summary(accelerator, optimizer, plan, state, final, before, task.samples_name),
+               **task.summary(final)}
+    state_dict = full_state_dict(accelerator, model)  # every process: gathers FSDP/DeepSpeed shards
+    with publish_dir(accelerator, args.output_dir) as tmp:
+        if accelerator.is_main_process:
+            task.save(accelerator.unwrap_model(model), tmp, state_dict)
+            task.write_outputs(tmp, final)
+            write_json(accelerator, os.path.join(tmp, "eval_results.json"), summary)
+    accelerator.print(f"saved the model, its outputs and eval_results.json to {args.output_dir} "
+                      f"({summary[f'train_{task.samples_name}_per_second']} train {task.samples_name}/s, "
+                      f"{state.skipped_steps} skipped updates)")
+    finish(accelerator)
 
 
 def run_summary(accelerator, optimizer, plan: Plan, state: LoopState, final: dict, before: dict | None,

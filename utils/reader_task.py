@@ -1,0 +1,196 @@
+"""The reader as a task of the shared training loop, and the reader's evaluate/predict mode.
+
+`ReaderTask` tells `utils.training` how a span-extraction model trains on SQuAD windows (loss over real tokens
+only), evaluates (EM/F1, the no-answer threshold tuned on dev for SQuAD v2), saves (weights, tokenizer and
+reader_settings.json) and reports (predictions.json, null_scores.json). `use_trained_reader` is
+`train_reader.py --do_train false`: a trained reader evaluated or answering questions as it was trained.
+"""
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from transformers import AutoModelForQuestionAnswering
+
+from utils.errors import UserError
+from utils.features_cache import cached_map
+from utils.qa_decoding import apply_null_threshold
+from utils.qa_features import prepare_eval_features, prepare_train_features
+from utils.qa_metrics import best_null_threshold, squad_metrics
+from utils.reader import MODEL_INPUTS, ReaderSettings, decode, span_logits
+from utils.runtime import finish, write_json
+from utils.squad_data import is_impossible, load_squad
+from utils.training import Task, evaluate, load_weights
+
+
+def tokenize(accelerator, args, tokenizer, examples, for_training: bool):
+    fn = prepare_train_features if for_training else prepare_eval_features
+    vocab = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+    settings = dict(max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
+                    max_query_length=args.max_query_length)
+    return cached_map(accelerator, examples, fn, dict(tokenizer=tokenizer, **settings), dict(vocab=vocab, **settings),
+                      args.cache_dir, args.preprocessing_num_workers)
+
+
+@dataclass
+class Split:
+    """Examples to answer, their windows, and a prepared loader over the windows (in order)."""
+
+    examples: list[dict]
+    features: object  # datasets.Dataset with example_id and offset_mapping
+    loader: DataLoader
+
+
+def prepare_split(accelerator, args, tokenizer, examples, collate) -> Split:
+    features = tokenize(accelerator, args, tokenizer, examples, for_training=False)
+    if len(features) == 0:
+        raise UserError("no evaluation windows after tokenisation")
+    inputs = [c for c in MODEL_INPUTS if c in features.column_names]
+    loader = DataLoader(features.select_columns(inputs), batch_size=args.per_device_eval_batch_size, collate_fn=collate)
+    return Split(examples, features, accelerator.prepare(loader))
+
+
+
+def load_model(args):
+    try:
+        return AutoModelForQuestionAnswering.from_pretrained(args.model_name_or_path)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{args.model_name_or_path}: cannot load a QA model ({str(err).splitlines()[0]})") from None
+
+
+class ReaderTask(Task):
+    tracker_project = "qa-amp-reader"
+    samples_name = "windows"
+
+    def __init__(self, accelerator, args, tokenizer, dev: Split, with_no_answer, recorded: ReaderSettings | None = None):
+        """`recorded`: the settings of a trained reader being evaluated as it is; its threshold is then the one
+        predictions use (and `recorded_*` metrics report), next to threshold 0 and the threshold tuned on `dev`."""
+        self.accelerator, self.args, self.tokenizer = accelerator, args, tokenizer
+        self.dev, self.with_no_answer, self.recorded = dev, with_no_answer, recorded
+        self.null_threshold = None  # of the latest evaluation: what the weights saved next answer with
+
+    @property
+    def metric_names(self) -> list[str]:
+        """What `evaluate` reports, from the same functions: squad_metrics' names for this dev set (HasAns/NoAns
+        only where such questions exist), then for SQuAD v2 the same at the dev-tuned threshold."""
+        refs = {ex["id"]: ex["answers"]["text"] for ex in self.dev.examples}
+        names = list(squad_metrics(refs, dict.fromkeys(refs, "")))
+        if self.with_no_answer:
+            names += [f"tuned_{k}" for k in names if "total" not in k] + ["null_threshold"]
+        return names
+
+    def compute_loss(self, model, batch):
+        """Mean of the start and end cross-entropies over real tokens only. (transformers' own QA loss also
+        spreads probability over padding, so it would change with each batch's padded width.)"""
+        labels = (batch["start_positions"], batch["end_positions"])
+        out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
+        padding = batch["attention_mask"] == 0
+        return sum(F.cross_entropy(logits.float().masked_fill(padding, -1e4), target)
+                   for logits, target in zip((out.start_logits, out.end_logits), labels)) / 2
+
+    def decode(self, model, split: Split) -> dict:
+        """The same decoding as utils.reader.Reader, with the windows' logits gathered across processes: padded to
+        a common width, without the duplicates that even batching adds."""
+        acc = self.accelerator
+        gather = lambda t: acc.gather_for_metrics(acc.pad_across_processes(t, dim=1, pad_index=-1e4))  # noqa: E731
+        starts, ends = span_logits(model, split.loader, gather)
+        return decode(split.examples, split.features, starts, ends, self.args)
+
+    def evaluate(self, model) -> dict:
+        decoded = self.decode(model, self.dev)
+        refs = {ex["id"]: ex["answers"]["text"] for ex in self.dev.examples}
+        if not self.with_no_answer:  # SQuAD v1.1: every question has an answer, no threshold
+            predictions = apply_null_threshold(decoded, None)
+            metrics = squad_metrics(refs, predictions)
+        else:
+            metrics = squad_metrics(refs, apply_null_threshold(decoded, 0.0))
+            _, threshold = best_null_threshold(refs, {i: d["text"] for i, d in decoded.items()},
+                                               {i: d["null_minus_best"] for i, d in decoded.items()})
+            predictions = apply_null_threshold(decoded, threshold)
+            metrics.update({f"tuned_{k}": v for k, v in squad_metrics(refs, predictions).items() if "total" not in k})
+            metrics["null_threshold"] = threshold
+        if self.recorded is not None:
+            predictions = apply_null_threshold(decoded, self.recorded.null_threshold)
+            metrics.update({f"recorded_{k}": v for k, v in squad_metrics(refs, predictions).items() if "total" not in k})
+            metrics["recorded_null_threshold"] = self.recorded.null_threshold
+        self.null_threshold = metrics.get("null_threshold")
+        return {"metrics": metrics, "predictions": predictions, "decoded": decoded}
+
+    def headline(self, m: dict) -> str:
+        line = f"EM {m['exact']:.2f} F1 {m['f1']:.2f}"
+        if "HasAns_f1" in m and "NoAns_f1" in m:
+            line += (f" (HasAns F1 {m['HasAns_f1']:.2f}, NoAns {m['NoAns_f1']:.2f}); at the dev-tuned null threshold "
+                     f"{m['null_threshold']:.3f}: EM {m['tuned_exact']:.2f} F1 {m['tuned_f1']:.2f}")
+        return line
+
+    def save(self, model, directory, state_dict):
+        """Weights (fp32 master weights; safetensors, transformers 5), tokenizer and reader_settings.json: the
+        windowing and the null threshold of the evaluation that chose these weights (tuned on dev for SQuAD v2,
+        none, i.e. always answer, for v1.1), the one its predictions.json used."""
+        model.save_pretrained(directory, state_dict=state_dict)
+        self.tokenizer.save_pretrained(directory)
+        a = self.args
+        ReaderSettings(a.max_seq_length, a.doc_stride, a.max_query_length, a.n_best_size, a.max_answer_length,
+                       self.null_threshold).save(directory)
+
+    def write_outputs(self, directory, result):
+        write_json(self.accelerator, os.path.join(directory, "predictions.json"), result["predictions"])
+        write_json(self.accelerator, os.path.join(directory, "null_scores.json"),
+                   {i: d["null_minus_best"] for i, d in result["decoded"].items()})
+
+    def summary(self, result):
+        return {"predictions_null_threshold": result["metrics"].get("null_threshold")}
+
+    def load(self, model, directory):
+        load_weights(model, os.path.join(directory, "model.safetensors"))
+
+
+def use_trained_reader(accelerator, args, tokenizer, collate):
+    """--do_train false: evaluate on --validation_file and/or answer --predict_file with the model as it was
+    saved (its recorded threshold; a model without reader_settings.json gets threshold 0, the pipeline's rule)."""
+    recorded = ReaderSettings.load(args.model_name_or_path) or ReaderSettings()
+    model = accelerator.prepare(load_model(args))
+    model.eval()
+    if args.validation_file:
+        examples, _ = load_squad(args.validation_file)
+        examples = examples[: args.max_eval_samples] if args.max_eval_samples else examples
+        split = prepare_split(accelerator, args, tokenizer, examples, collate)
+        task = ReaderTask(accelerator, args, tokenizer, split, any(is_impossible(ex) for ex in examples), recorded)
+        result = evaluate(task, model)
+        m = result["metrics"]
+        accelerator.print(f"{args.validation_file}, {len(examples)} questions\n"
+                          f"  at the model's recorded null threshold ({m['recorded_null_threshold']}): "
+                          f"EM {m['recorded_exact']:.2f} F1 {m['recorded_f1']:.2f} (predictions.json)\n"
+                          f"  at threshold 0: {task.headline(m)} (tuned on this very file: an upper bound)")
+        task.write_outputs(args.output_dir, result)
+        write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"),
+                   {"model": args.model_name_or_path, "file": args.validation_file, "metrics": m,
+                    "note": "recorded_*: the model's own threshold (what predictions.json uses); exact/f1/HasAns/NoAns: "
+                            "threshold 0; tuned_*: threshold tuned on this file, an upper bound"})
+    if args.predict_file:
+        examples, _ = load_squad(args.predict_file, labelled=False)
+        start = time.perf_counter()
+        split = prepare_split(accelerator, args, tokenizer, examples, collate)
+        task = ReaderTask(accelerator, args, tokenizer, split, False, recorded)
+        with torch.no_grad():
+            decoded = task.decode(model, split)
+        seconds = time.perf_counter() - start
+        predictions = apply_null_threshold(decoded, recorded.null_threshold)
+        write_json(accelerator, os.path.join(args.output_dir, "predictions.json"), predictions)
+        write_json(accelerator, os.path.join(args.output_dir, "nbest.json"), {
+            i: {"answer": predictions[i], "null_score": d["null_score"], "null_minus_best": d["null_minus_best"],
+                "nbest": d["nbest"]} for i, d in decoded.items()})
+        speed = {"questions": len(examples), "windows": len(split.features), "seconds": round(seconds, 2),
+                 "questions_per_second": round(len(examples) / seconds, 2), "null_threshold": recorded.null_threshold,
+                 "precision": accelerator.mixed_precision, "processes": accelerator.num_processes}
+        write_json(accelerator, os.path.join(args.output_dir, "predict_results.json"), speed)
+        accelerator.print(f"{args.predict_file}: answered {len(examples)} questions ({len(split.features)} windows) in "
+                          f"{seconds:.1f} s, {speed['questions_per_second']} questions/s; predictions.json and "
+                          f"nbest.json in {args.output_dir}")
+    finish(accelerator)
+
+
