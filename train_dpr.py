@@ -14,10 +14,14 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       the global batch as a negative; --grad_cache_chunk_size N trains a large batch in small memory.
 
   python train_dpr.py --train_file ../shared/data/dpr/train.json --validation_file ../shared/data/dpr/dev.json \
-      --passages ../shared/data/dpr/passages.jsonl --mixed_precision bf16 --output_dir outputs/dpr-squad
-      The real-data result in the README.
+      --passages ../shared/data/dpr/passages.jsonl --mixed_precision bf16 --output_dir outputs/dpr-squad \
+      --shared_encoder --per_device_train_batch_size 32 --learning_rate 5e-5 --num_train_epochs 3 \
+      --refresh_negatives_every 100 --eval_steps 138 --checkpointing_steps 138
+      The real-data result in the README (~24 min on 2 CPU cores): dense top-1 69.8 (BM25: 79.2), hybrid with
+      BM25 83.8, at 10 questions/s; hard negatives re-mined by the model 7 times.
 
-Skeleton (same as train_reader.py): setup -> data -> model -> fit -> validate. The output directory holds
+Skeleton (same as train_reader.py): setup -> data -> model -> utils.training.run (fit, validate, publish); the
+task itself is utils/dpr_task.py. The output directory holds
 query_encoder/ and passage_encoder/ (each loads in SentenceTransformer(dir) and AutoModel), with
 --export_dpr also dpr_question_encoder/ and dpr_context_encoder/, plus eval_results.json, rankings.jsonl
 (per-question top passages) and train_log.jsonl.

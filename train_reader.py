@@ -23,7 +23,8 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       Use a trained reader as it was trained (its reader_settings.json: null threshold, windows): EM/F1 at
       the recorded threshold, at 0 and tuned on the file (an upper bound); predictions.json and nbest.json.
 
-Skeleton (same in train_dpr.py): setup -> data -> model -> fit -> validate. The output directory ends with the
+Skeleton (same in train_dpr.py): setup -> data -> model -> utils.training.run (fit, validate, publish); the
+task itself is utils/reader_task.py. The output directory ends with the
 model and reader_settings.json (load it with utils.reader.Reader), predictions.json (id -> answer, "" = no
 answer), eval_results.json and train_log.jsonl.
 """

@@ -105,7 +105,7 @@ class DPRTask(Task):
             self.train_passage_loader = encoding_loader(accelerator, data.p, "passage", data.p_pad, bs)
             self.train_question_loader = encoding_loader(accelerator, data.q, "query", data.q_pad, bs)
         # BM25 over the same corpus, scored once: the baseline each evaluation compares the dense ranking with,
-        # and the lexical half of the hybrid (reciprocal-rank fusion of the two rankings).
+        # and the lexical half of the two hybrids.
         self.bm25_scores = BM25(corpus).scores([q["question"] for q in dev])
         self.bm25_ranks = gold_ranks(self.bm25_scores, self.gold)
 
