@@ -45,11 +45,14 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
             yield batches[b].tolist()
 
 
+def round_up(n: int, multiple: int = 8) -> int:
+    return -(-n // multiple) * multiple
+
+
 def pad_batch(features: list[dict], pad_token_id: int, multiple: int = 8) -> dict:
     """Stack tokenised features into tensors, padding sequences to the longest (rounded up to `multiple`)
     so that fp16/bf16 matrix shapes stay tensor-core friendly. Scalar fields (labels) are stacked."""
-    longest = max(len(f["input_ids"]) for f in features)
-    width = -(-longest // multiple) * multiple
+    width = round_up(max(len(f["input_ids"]) for f in features), multiple)
     batch = {}
     for key in features[0]:
         values = [f[key] for f in features]

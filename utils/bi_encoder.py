@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel
 
+from utils.batching import round_up
+
 
 def sentence_transformers_defaults(model_name_or_path: str) -> tuple[str | None, bool | None]:
     """(pooling, normalised) a sentence-transformers model was trained with, from its modules.json and
@@ -71,7 +73,7 @@ class BiEncoder(nn.Module):
         order = torch.argsort(lengths, descending=True, stable=True)
         parts = []
         for rows in order.tensor_split(buckets):
-            width = -(-int(lengths[rows[0]]) // 8) * 8
+            width = round_up(int(lengths[rows[0]]))
             parts.append(self._embed(side, {k: v[rows, :width] for k, v in inputs.items()}))
         return torch.cat(parts)[torch.argsort(order)]
 

@@ -8,8 +8,8 @@ Validation names the file and the question (its "id", else its index) in a one-l
 import hashlib
 
 import numpy as np
-import torch
 
+from utils.batching import pad_batch
 from utils.errors import UserError
 from utils.squad_data import read_json
 
@@ -96,14 +96,19 @@ def training_passages(questions: list[dict], num_hard_negatives: int, seed: int)
     return out
 
 
+def unique_passages(ctxs) -> list[dict]:
+    """The passages in order of first appearance, one per key (passage_key)."""
+    first = {}
+    for c in ctxs:
+        first.setdefault(passage_key(c), c)
+    return list(first.values())
+
+
 def evaluation_corpus(dev: list[dict], passages: list[dict] | None) -> tuple[list[dict], int]:
     """The passages to rank: the --passages corpus plus any gold passage missing from it (counted), or,
     without a corpus, every distinct context in the dev file."""
-    corpus, seen, added = [], set(), 0
-    for c in passages or []:
-        if passage_key(c) not in seen:
-            seen.add(passage_key(c))
-            corpus.append(c)
+    corpus, added = unique_passages(passages or []), 0
+    seen = {passage_key(c) for c in corpus}
     for q in dev:
         for c in q["positive_ctxs"] + ([] if passages else q["hard_negative_ctxs"] + q["negative_ctxs"]):
             if passage_key(c) not in seen:
@@ -133,15 +138,8 @@ class Tokenized:
         return len(self.lengths)
 
     def batch(self, indices, pad_token_id: int) -> dict:
-        indices = np.asarray(indices, dtype=np.int64)
-        width = -(-int(self.lengths[indices].max()) // 8) * 8
-        out = {}
-        for key, flat in self.arrays.items():
-            rows = np.full((len(indices), width), pad_token_id if key == "input_ids" else 0, dtype=np.int64)
-            for r, i in enumerate(indices):
-                rows[r, :self.lengths[i]] = flat[self.offsets[i]:self.offsets[i + 1]]
-            out[key] = torch.from_numpy(rows)
-        return out
+        return pad_batch([{key: flat[self.offsets[i]:self.offsets[i + 1]].tolist() for key, flat in self.arrays.items()}
+                          for i in indices], pad_token_id)
 
 
 def _normalize(text: str) -> str:

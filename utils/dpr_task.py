@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from utils.bi_encoder import encoder_state, export_dpr, save_sentence_transformers_dir
 from utils.bm25 import BM25, cross_fitted_fusion, reciprocal_rank_fusion
-from utils.dpr_data import Tokenized, key_hash, passage_key, select_negatives
+from utils.dpr_data import Tokenized, key_hash, passage_key, select_negatives, unique_passages
 from utils.dpr_loss import dpr_loss, global_loss
 from utils.grad_cache import grad_cache_step
 from utils.retrieval_metrics import gold_ranks, retrieval_metrics, top_passages
@@ -48,11 +48,8 @@ class TrainingData:
         ctxs = [c for g in groups for c in g]
         if mining:
             ctxs += [c for q in questions for c in q["positive_ctxs"] + q["hard_negative_ctxs"] + q["negative_ctxs"]]
-        self.passages, index = [], {}
-        for c in ctxs:
-            if passage_key(c) not in index:
-                index[passage_key(c)] = len(self.passages)
-                self.passages.append(c)
+        self.passages = unique_passages(ctxs)
+        index = {passage_key(c): i for i, c in enumerate(self.passages)}
         self.groups = np.array([[index[passage_key(c)] for c in g] for g in groups], dtype=np.int64)
         self.keys = torch.tensor([key_hash(passage_key(c)) for c in self.passages], dtype=torch.long)
         self.q = tokenize_questions(q_tok, [q["question"] for q in questions], args)
@@ -186,7 +183,6 @@ class DPRTask(Task):
                     "%.1f s", when, changed, old.size, len(p), p.numel() * p.element_size() / 2**20, seconds)
         self.data.refreshes.append({"when": when, "changed": changed, "of": int(old.size), "seconds": seconds})
         self.accelerator.log({"train/negatives_changed": changed})
-        model.train()
 
     # --- evaluation ---
 

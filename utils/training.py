@@ -337,7 +337,7 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
         if state.batch_in_epoch == 0:
             housekeeping = time.perf_counter()
             task.start_epoch(model, state.epoch)
-            model.train()
+            model.train()  # the hook may have switched to eval mode
             tick = time.perf_counter()
             window["t0"] += tick - housekeeping  # not training time (like evaluation)
         loader = (accelerator.skip_first_batches(train_loader, state.batch_in_epoch)
@@ -377,10 +377,9 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
             housekeeping = time.perf_counter()
             if state.step < total_steps:
                 task.after_update(model, state.step)
-                model.train()
-            if args.eval_steps and state.step % args.eval_steps == 0 and state.step < total_steps:
-                _evaluate_and_track(accelerator, args, task, model, state, best_dir)
-                model.train()
+                if args.eval_steps and state.step % args.eval_steps == 0:
+                    _evaluate_and_track(accelerator, args, task, model, state, best_dir)
+                model.train()  # the hook and evaluation may have switched to eval mode
             if args.checkpointing_steps and state.step % args.checkpointing_steps == 0:
                 save_checkpoint(accelerator, args, state.step, state.state_dict(), best_dir)
             tick = time.perf_counter()
