@@ -65,6 +65,10 @@ class DPRArgs(TrainArgs):
     validation_file: Optional[str] = arg(None, "DPR JSON for evaluation. Default: the shipped sample's dev file.")
     passages: Optional[str] = arg(None, "Corpus to rank at evaluation (JSON lines of title/text/passage_id). "
                                         "Default: the sample's corpus on the sample; else every context of the dev file.")
+    window_sentences: int = arg(
+        0, "Rank passages by their best window of N consecutive sentences (each encoded with the passage's title; "
+        "MaxP) when evaluating and when refreshing negatives; training still encodes whole passages. 0: one vector "
+        "per passage (DPR). To index with the trained encoder, embed utils.dpr_data.sentence_windows(passages, N).")
     num_hard_negatives: int = arg(1, "Hard negatives per question (topped up from negative_ctxs, then random).")
     refresh_negatives_every: Optional[int] = arg(
         None, "Every N updates and at each epoch start, re-mine each training question's hard negatives with the "
@@ -107,6 +111,8 @@ class DPRArgs(TrainArgs):
             raise UserError("give --validation_file (DPR JSON) to evaluate retrieval")
         if self.num_hard_negatives < 0:
             raise UserError("--num_hard_negatives must be >= 0")
+        if self.window_sentences < 0:
+            raise UserError("--window_sentences must be >= 0 (0: whole passages)")
         if self.temperature is not None and self.temperature <= 0:
             raise UserError("--temperature must be positive")
         if self.same_article_batches and self.group_by_length:

@@ -19,6 +19,11 @@ def test_bm25_ranks_the_passage_sharing_the_rare_words_first():
     assert (scores[0, [0, 2]] == 0).all() and scores[0, 1] > 0  # no shared term: score 0
 
 
+def test_words_match_across_inflections():
+    scores = BM25(CORPUS).scores(["What is crossing?", "Who designs?"])  # "crosses", "designed" in the corpus
+    assert gold_ranks(scores, [[2], [1]]).tolist() == [1, 1]
+
+
 def test_ranks_and_reciprocal_rank_fusion_by_hand():
     dense = np.array([[0.9, 0.1, 0.5]])  # ranks 1, 3, 2
     lexical = np.array([[0.0, 2.0, 1.0]])  # ranks 3, 1, 2

@@ -6,6 +6,7 @@ Validation names the file and the question (its "id", else its index) in a one-l
 """
 
 import hashlib
+import re
 
 import numpy as np
 
@@ -116,6 +117,26 @@ def evaluation_corpus(dev: list[dict], passages: list[dict] | None) -> tuple[lis
                 corpus.append(c)
                 added += passages is not None
     return corpus, added
+
+
+# A sentence ends at . ! or ? followed by space and a capital, digit, quote or bracket: good enough for Wikipedia-style
+# prose (an abbreviation such as "U.S. Army" may split a sentence in two, which costs a window, not a passage).
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
+
+
+def sentence_windows(passages: list[dict], sentences: int) -> tuple[list[dict], np.ndarray]:
+    """(windows, owner): every passage cut into windows of `sentences` consecutive sentences (stride 1; a passage
+    with fewer sentences is one window), each with its passage's title, and owner[j] = the index of window j's
+    passage. With sentences=0 the windows are the passages themselves."""
+    if not sentences:
+        return passages, np.arange(len(passages))
+    windows, owner = [], []
+    for i, p in enumerate(passages):
+        parts = _SENTENCE_END.split(p["text"].strip())
+        for s in range(max(1, len(parts) - sentences + 1)):
+            windows.append({"title": p["title"], "text": " ".join(parts[s:s + sentences])})
+            owner.append(i)
+    return windows, np.asarray(owner)
 
 
 class Tokenized:

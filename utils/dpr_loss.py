@@ -15,21 +15,37 @@ import torch.nn.functional as F
 def contrastive_scores(q: torch.Tensor, p: torch.Tensor, positive_idx: torch.Tensor, passage_keys: torch.Tensor,
                        temperature: float) -> torch.Tensor:
     """Similarity logits (questions x passages) / temperature, duplicates of each positive masked to -inf."""
-    scores = (q @ p.T) / temperature
+    return _mask_duplicates((q @ p.T) / temperature, positive_idx, passage_keys)
+
+
+def _mask_duplicates(scores, positive_idx, passage_keys):
     own = passage_keys[positive_idx]
     duplicate = passage_keys.unsqueeze(0) == own.unsqueeze(1)
-    duplicate[torch.arange(len(q), device=q.device), positive_idx] = False
+    duplicate[torch.arange(len(scores), device=scores.device), positive_idx] = False
     return scores.masked_fill(duplicate, float("-inf"))
+
+
+def _positions(n_questions: int, n_passages: int, device) -> torch.Tensor:
+    """Where each question's positive is in the question-by-question layout."""
+    return torch.arange(n_questions, device=device) * (n_passages // n_questions)
+
+
+def _ranks(scores, positive_idx):
+    return (scores > scores.gather(1, positive_idx[:, None])).sum(1) + 1
+
+
+def batch_ranks(scores: torch.Tensor, passage_keys: torch.Tensor) -> torch.Tensor:
+    """Rank of each question's positive among the passages of its batch, from scores (questions x passages) laid
+    out as in training; duplicates of the positive do not count."""
+    positive_idx = _positions(*scores.shape, scores.device)
+    return _ranks(_mask_duplicates(scores, positive_idx, passage_keys), positive_idx)
 
 
 def dpr_loss(q, p, passage_keys, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean cross-entropy of each question's positive, rank of each positive among the batch's passages)."""
-    per_question = len(p) // len(q)
-    positive_idx = torch.arange(len(q), device=q.device) * per_question
+    positive_idx = _positions(len(q), len(p), q.device)
     scores = contrastive_scores(q, p, positive_idx, passage_keys, temperature)
-    loss = F.cross_entropy(scores, positive_idx)
-    ranks = (scores > scores.gather(1, positive_idx[:, None])).sum(1) + 1
-    return loss, ranks
+    return F.cross_entropy(scores, positive_idx), _ranks(scores, positive_idx)
 
 
 def world() -> tuple[int, int]:

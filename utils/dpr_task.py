@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader
 
 from utils.bi_encoder import encoder_state, export_dpr, save_sentence_transformers_dir
 from utils.bm25 import BM25, cross_fitted_fusion, reciprocal_rank_fusion
-from utils.dpr_data import Tokenized, key_hash, passage_key, select_negatives, unique_passages
-from utils.dpr_loss import dpr_loss, global_loss
+from utils.dpr_data import Tokenized, key_hash, passage_key, select_negatives, sentence_windows, unique_passages
+from utils.dpr_loss import batch_ranks, global_loss
 from utils.grad_cache import grad_cache_step
 from utils.retrieval_metrics import gold_ranks, retrieval_metrics, top_passages
 from utils.training import Task, load_weights
@@ -83,6 +83,16 @@ def encoding_loader(accelerator, tokenized: Tokenized, side: str, pad_token_id: 
         side: tokenized.batch(idx, pad_token_id), "index": torch.tensor(idx)}))
 
 
+def passage_scores(q: torch.Tensor, windows: torch.Tensor, owner: torch.Tensor, count: int) -> torch.Tensor:
+    """Questions x passages: each passage scored by its best window (MaxP, Dai & Callan 2019). With one window per
+    passage (owner = 0..count-1) these are the plain similarities."""
+    scores = q @ windows.T
+    if len(owner) == count:
+        return scores
+    best = torch.full((len(q), count), float("-inf"), dtype=scores.dtype)
+    return best.scatter_reduce_(1, owner.expand(len(q), -1), scores, reduce="amax")
+
+
 class DPRTask(Task):
     tracker_project = "qa-amp-dpr"
     samples_name = "questions"
@@ -94,17 +104,25 @@ class DPRTask(Task):
         self.corpus_index = {passage_key(c): i for i, c in enumerate(corpus)}
         self.gold = [[self.corpus_index[passage_key(c)] for c in q["positive_ctxs"]] for q in dev]
         bs = args.per_device_eval_batch_size
-        self.corpus_loader = encoding_loader(accelerator, tokenize_passages(p_tok, corpus, args), "passage",
+        # Passages are ranked by their own embedding, or with --window_sentences by their best sentence window's.
+        windows, self.corpus_owner = self._windows(corpus)
+        self.corpus_loader = encoding_loader(accelerator, tokenize_passages(p_tok, windows, args), "passage",
                                              p_tok.pad_token_id, bs)
         self.question_loader = encoding_loader(accelerator, tokenize_questions(q_tok, [q["question"] for q in dev], args),
                                                "query", q_tok.pad_token_id, bs)
         if args.refresh_negatives_every:  # the training questions and passages, to mine negatives from
-            self.train_passage_loader = encoding_loader(accelerator, data.p, "passage", data.p_pad, bs)
+            windows, self.train_owner = self._windows(data.passages)
+            tokenized = tokenize_passages(p_tok, windows, args) if args.window_sentences else data.p
+            self.train_passage_loader = encoding_loader(accelerator, tokenized, "passage", data.p_pad, bs)
             self.train_question_loader = encoding_loader(accelerator, data.q, "query", data.q_pad, bs)
         # BM25 over the same corpus, scored once: the baseline each evaluation compares the dense ranking with,
         # and the lexical half of the two hybrids.
         self.bm25_scores = BM25(corpus).scores([q["question"] for q in dev])
         self.bm25_ranks = gold_ranks(self.bm25_scores, self.gold)
+
+    def _windows(self, passages):
+        windows, owner = sentence_windows(passages, self.args.window_sentences)
+        return windows, torch.from_numpy(owner)
 
     @property
     def metric_names(self) -> list[str]:
@@ -167,20 +185,23 @@ class DPRTask(Task):
         t0 = time.perf_counter()
         model.eval()
         with torch.no_grad():
-            p = self.encode(model, self.train_passage_loader, "passage", len(self.data.p))
+            p = self.encode(model, self.train_passage_loader, "passage", len(self.train_owner))
             q = self.encode(model, self.train_question_loader, "query", len(self.data.q))
+        n = len(self.data.passages)
         old = self.data.groups[:, 1:].copy()
         new = torch.from_numpy(old)
         if self.accelerator.is_main_process:
-            depth = min(len(p), 4 * old.shape[1] + 50)  # deep enough to skip positives and false negatives
-            ranked = torch.cat([(q[s:s + 1024] @ p.T).topk(depth, dim=1).indices for s in range(0, len(q), 1024)])
+            depth = min(n, 4 * old.shape[1] + 50)  # deep enough to skip positives and false negatives
+            ranked = torch.cat([passage_scores(q[s:s + 1024], p, self.train_owner, n).topk(depth, dim=1).indices
+                                for s in range(0, len(q), 1024)])
             new = torch.from_numpy(select_negatives(ranked.numpy(), self.train, self.data.passages, old.shape[1], old))
         new = broadcast(new.to(self.accelerator.device), from_process=0).cpu().numpy()
         self.data.groups[:, 1:] = new
         changed = int(sum(len(set(n) - set(o)) for n, o in zip(new.tolist(), old.tolist())))
         seconds = round(time.perf_counter() - t0, 1)
-        logger.info("refreshed hard negatives (%s): %d of %d changed; %d passages encoded (%.1f MiB of embeddings), "
-                    "%.1f s", when, changed, old.size, len(p), p.numel() * p.element_size() / 2**20, seconds)
+        logger.info("refreshed hard negatives (%s): %d of %d changed; %d passages encoded (%d vectors, %.1f MiB of "
+                    "embeddings), %.1f s", when, changed, old.size, n, len(p), p.numel() * p.element_size() / 2**20,
+                    seconds)
         self.data.refreshes.append({"when": when, "changed": changed, "of": int(old.size), "seconds": seconds})
         self.accelerator.log({"train/negatives_changed": changed})
 
@@ -199,9 +220,9 @@ class DPRTask(Task):
         return out
 
     def evaluate(self, model) -> dict:
-        p_emb = self.encode(model, self.corpus_loader, "passage", len(self.corpus))
+        p_emb = self.encode(model, self.corpus_loader, "passage", len(self.corpus_owner))
         q_emb = self.encode(model, self.question_loader, "query", len(self.dev))
-        scores = (q_emb @ p_emb.T).numpy()
+        scores = passage_scores(q_emb, p_emb, self.corpus_owner, len(self.corpus)).numpy()
         ranks = gold_ranks(scores, self.gold)
         # Hybrids: a convex combination of normalised scores, its dense weight tuned on these questions (each half
         # scored with the weight tuned on the other half: no question scores its own tuning), and untuned RRF.
@@ -209,7 +230,7 @@ class DPRTask(Task):
         hybrid_ranks = gold_ranks(fused, self.gold)
         rrf_ranks = gold_ranks(reciprocal_rank_fusion(scores, self.bm25_scores), self.gold)
         metrics = retrieval_metrics(ranks)
-        metrics["in_batch_avg_rank"] = self._in_batch_rank(q_emb, p_emb)
+        metrics["in_batch_avg_rank"] = self._in_batch_rank(scores)
         for kind, r in (("bm25", self.bm25_ranks), ("hybrid", hybrid_ranks), ("rrf", rrf_ranks)):
             metrics.update({f"{kind}_{k}": v for k, v in retrieval_metrics(r).items()})
         metrics["hybrid_dense_weight"] = dense_weight
@@ -220,15 +241,15 @@ class DPRTask(Task):
                     for q, r, b, h, f, t in zip(self.dev, ranks, self.bm25_ranks, hybrid_ranks, rrf_ranks, top)]
         return {"metrics": metrics, "rankings": rankings}
 
-    def _in_batch_rank(self, q_emb, p_emb) -> float:
+    def _in_batch_rank(self, scores: np.ndarray) -> float:
         """Haystack's in-batch metric: the positive's rank among the passages of its training-style global
         batch (the batch's positives and hard negatives), averaged over dev questions."""
         bs, ranks = self.args.per_device_train_batch_size * self.accelerator.num_processes, []
         for s in range(0, len(self.dev), bs):
             ctxs = [c for group in self.dev_passages[s:s + bs] for c in group]
-            p = p_emb[[self.corpus_index[passage_key(c)] for c in ctxs]]
+            batch_scores = torch.from_numpy(scores[s:s + bs][:, [self.corpus_index[passage_key(c)] for c in ctxs]])
             keys = torch.tensor([key_hash(passage_key(c)) for c in ctxs])
-            ranks.append(dpr_loss(q_emb[s:s + bs], p, keys, 1.0)[1].float())
+            ranks.append(batch_ranks(batch_scores, keys).float())
         return float(torch.cat(ranks).mean())
 
     def headline(self, m: dict) -> str:
@@ -243,7 +264,8 @@ class DPRTask(Task):
             f.writelines(json.dumps(r) + "\n" for r in result["rankings"])
 
     def summary(self, result):
-        out = {"pooling": self.args.pooling, "similarity": self.args.similarity, "temperature": self.args.temperature}
+        out = {"pooling": self.args.pooling, "similarity": self.args.similarity, "temperature": self.args.temperature,
+               "window_sentences": self.args.window_sentences}
         if self.args.refresh_negatives_every:
             out["negatives_refreshed"] = self.data.refreshes
         return out
