@@ -54,3 +54,40 @@ def test_refresh_never_selects_a_positive_or_an_answer_bearing_passage():
     # a corpus too small to fill up: the earlier negatives fill the rest
     assert select_negatives(np.array([[0, 1, 4]]), questions, passages, 2, np.array([[3, 5]])).tolist() == [[4, 3]]
     assert select_negatives(np.array([[0, 1, 2]]), questions, passages, 2, np.array([[3, 5]])).tolist() == [[3, 5]]
+
+
+def test_sentence_windows_keep_the_title_and_their_passage():
+    from utils.dpr_data import sentence_windows
+
+    passages = [{"title": "Corran", "text": "The lighthouse is old. It was built in 1871! Who built it? Matilda Reyes."},
+                {"title": "Orrin", "text": "A railway crosses the valley (built by the U.S. Army)."}]
+    windows, owner = sentence_windows(passages, 1)
+    assert [w["text"] for w in windows] == ["The lighthouse is old.", "It was built in 1871!", "Who built it?",
+                                            "Matilda Reyes.", "A railway crosses the valley (built by the U.S.",
+                                            "Army)."]  # an abbreviation before a capital splits: a cost, not a loss
+    assert [w["title"] for w in windows] == ["Corran"] * 4 + ["Orrin"] * 2 and owner.tolist() == [0, 0, 0, 0, 1, 1]
+    windows, owner = sentence_windows(passages, 3)
+    assert [w["text"] for w in windows][:2] == ["The lighthouse is old. It was built in 1871! Who built it?",
+                                                "It was built in 1871! Who built it? Matilda Reyes."]
+    assert owner.tolist() == [0, 0, 1]  # fewer sentences than a window: the passage is one window
+    windows, owner = sentence_windows(passages, 0)
+    assert windows == passages and owner.tolist() == [0, 1]
+
+
+def test_a_passage_scores_its_best_window():
+    from utils.dpr_task import passage_scores
+
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    windows = torch.tensor([[0.2, 0.9], [0.8, 0.1], [0.5, 0.5], [0.1, 0.3], [0.6, 0.0]])
+    owner = torch.tensor([0, 0, 1, 2, 2])
+    torch.testing.assert_close(passage_scores(q, windows, owner, 3), torch.tensor([[0.8, 0.5, 0.6], [0.9, 0.5, 0.3]]))
+    assert torch.equal(passage_scores(q, windows[:3], torch.arange(3), 3), q @ windows[:3].T)
+
+
+def test_batch_ranks_from_scores_are_the_losss_ranks():
+    from utils.dpr_loss import batch_ranks, dpr_loss
+
+    generator = torch.Generator().manual_seed(0)
+    q, p = torch.randn(4, 8, generator=generator), torch.randn(8, 8, generator=generator)
+    keys = torch.tensor([1, 2, 3, 4, 1, 5, 6, 7])  # question 2's positive duplicates question 0's
+    assert torch.equal(batch_ranks(q @ p.T, keys), dpr_loss(q, p, keys, 1.0)[1])

@@ -57,6 +57,38 @@ def test_training_lowers_the_loss_and_exports_load_with_identical_embeddings(tin
         torch.testing.assert_close(theirs.float(), mine, atol=1e-5, rtol=1e-4)
 
 
+def test_window_sentences_rank_each_passage_by_its_best_sentence(tiny_bert_dir, tmp_path):
+    """The evaluation's dense ranks, recomputed here from the saved encoders: every sentence of every corpus passage
+    embedded with its title, a passage scored by its best sentence."""
+    from utils.dpr_data import evaluation_corpus, load_dpr, load_passages, passage_key, sentence_windows
+    from utils.retrieval_metrics import gold_ranks
+    from transformers import AutoTokenizer
+
+    out = str(tmp_path / "run")
+    run_script("train_dpr.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 6, "--learning_rate", 5e-4,
+                                          "--window_sentences", 1, "--refresh_negatives_every", 3))
+    results = json.load(open(os.path.join(out, "eval_results.json")))
+    assert results["window_sentences"] == 1 and len(results["negatives_refreshed"]) == 2  # epoch start, update 3
+
+    dev = load_dpr(f"{SAMPLE}/dpr_dev.json")
+    corpus, added = evaluation_corpus(dev, load_passages(f"{SAMPLE}/dpr_passages.jsonl"))
+    assert added == 0
+    windows, owner = sentence_windows(corpus, 1)
+    assert len(windows) > 2 * len(corpus)
+    model = BiEncoder.from_pretrained(f"{out}/query_encoder", f"{out}/passage_encoder", False, "cls", False).eval()
+    tok = AutoTokenizer.from_pretrained(f"{out}/query_encoder")
+    with torch.no_grad():
+        q = model(query=dict(tok([d["question"] for d in dev], padding=True, truncation=True, max_length=64,
+                                 return_tensors="pt")))[0]
+        w = model(passage=dict(tok([x["title"] for x in windows], [x["text"] for x in windows], padding=True,
+                                   truncation="only_second", max_length=256, return_tensors="pt")))[1]
+    scores = torch.stack([(q @ w[owner == i].T).max(1).values for i in range(len(corpus))], dim=1).numpy()
+    index = {passage_key(c): i for i, c in enumerate(corpus)}
+    want = gold_ranks(scores, [[index[passage_key(c)] for c in d["positive_ctxs"]] for d in dev]).tolist()
+    got = [json.loads(line)["gold_rank"] for line in open(os.path.join(out, "rankings.jsonl"))]
+    assert got == want
+
+
 def test_minilm_mean_cosine_export_embeds_identically_in_sentence_transformers(minilm_dir, tmp_path):
     out = str(tmp_path / "minilm")
     proc = run_script("train_dpr.py", "--output_dir", out, "--max_train_steps", 2, "--mixed_precision", "bf16",
