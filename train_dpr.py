@@ -76,9 +76,6 @@ class DPRArgs(TrainArgs):
         "contain an answer string.")
     group_by_length: bool = arg(False, "Batch questions whose passages have similar lengths (by the longest of each "
                                        "question's first passages). Off: --length_buckets already removes most padding.")
-    same_article_batches: bool = arg(
-        False, "Fill each batch with questions whose gold passages share a title (one article), so the in-batch "
-        "negatives are the passages a question is most easily confused with, not random ones.")
     length_buckets: int = arg(4, "Encode each batch's passages as N sub-batches of similar length, each padded "
                                  "only to its own longest (same embeddings, less padding); 1: one padded batch.")
     grad_cache_chunk_size: Optional[int] = arg(None, "GradCache: questions per forward chunk. The full batch's "
@@ -115,8 +112,6 @@ class DPRArgs(TrainArgs):
             raise UserError("--window_sentences must be >= 0 (0: whole passages)")
         if self.temperature is not None and self.temperature <= 0:
             raise UserError("--temperature must be positive")
-        if self.same_article_batches and self.group_by_length:
-            raise UserError("--same_article_batches and --group_by_length both choose the batches; use one")
         check_at_least_one(self, "grad_cache_chunk_size", "refresh_negatives_every", "length_buckets")
         if self.refresh_negatives_every and self.num_hard_negatives < 1:
             raise UserError("--refresh_negatives_every needs --num_hard_negatives of at least 1")
@@ -184,9 +179,8 @@ def main(argv=None):
     # a refresh changes the negatives, or a resumed run would not see the batches it missed). Under DDP,
     # Accelerate completes the epoch's last round from the epoch's first questions, so every process's batches
     # are full (the shapes gathered across processes match) and no question is left out.
-    articles = [q["positive_ctxs"][0]["title"] for q in train] if args.same_article_batches else None
     batch_sampler = LengthGroupedBatchSampler(data.p.lengths[data.groups].max(1), args.per_device_train_batch_size,
-                                              args.seed, group_by_length=args.group_by_length, groups=articles)
+                                              args.seed, group_by_length=args.group_by_length)
     train_loader = DataLoader(list(range(len(train))), batch_sampler=batch_sampler, collate_fn=torch.tensor,
                               generator=torch.Generator().manual_seed(args.seed))  # see train_reader.py
 

@@ -53,17 +53,3 @@ def test_sharded_across_processes_every_batch_is_used_in_every_epoch():
         assert [len(b) for b in per_process] == [len(shard) for shard in shards] == [32, 32], epoch
         seen = [i for batches in per_process for b in batches for i in b]
         assert set(seen) == set(range(1000)) and len(seen) - 1000 < 16 * 2, epoch  # repeats: even-batches padding
-
-
-def test_group_batches_keep_each_batch_within_a_group():
-    groups = np.random.default_rng(0).choice(["a", "b", "c", "d", "e"], size=500)
-    sampler = LengthGroupedBatchSampler(np.ones(500), 16, seed=1, group_by_length=False, groups=groups)
-    batches = list(sampler)
-    assert sorted(i for b in batches for i in b) == list(range(500)) and len(batches) == len(sampler)
-    assert all(len(b) == 16 for b in batches[:-1])  # only the epoch's last batch is short
-    assert sum(len(set(groups[b])) > 1 for b in batches) <= 4  # only where one group ends and the next begins
-    assert list(sampler) == batches
-    sampler.set_epoch(1)
-    assert list(sampler) != batches
-    plain = list(LengthGroupedBatchSampler(np.ones(500), 16, seed=1, group_by_length=False))
-    assert sum(len(set(groups[b])) > 1 for b in plain) > 25

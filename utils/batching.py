@@ -4,10 +4,6 @@ Padding every window to max_seq_length wastes most of the compute on SQuAD-like 
 the batch's longest input helps, and grouping inputs of similar length into the same batch helps
 more. Batches stay random: indices are shuffled, cut into mega-chunks of 50 batches, sorted by
 length inside each chunk, cut into batches, and the batch order is shuffled again.
-
-Batches can instead be drawn from groups (DPR: the article of each question's gold passage): each group's
-indices are laid out together, in random order, and cut into batches, so a batch's examples share a group
-(a batch spans two groups only where one group ends); the batch order is shuffled as above.
 """
 
 import numpy as np
@@ -18,13 +14,9 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
     """Yields lists of indices. The order is a pure function of (seed, epoch): `set_epoch` before
     iterating, and a resumed run that skips the first k batches sees exactly the batches it missed."""
 
-    def __init__(self, lengths, batch_size: int, seed: int, group_by_length: bool = True, mega_batches: int = 50,
-                 groups=None):
-        if groups is not None and group_by_length:
-            raise ValueError("batches are grouped by length or by group, not both")
+    def __init__(self, lengths, batch_size: int, seed: int, group_by_length: bool = True, mega_batches: int = 50):
         self.lengths = np.asarray(lengths)
         self.batch_size, self.seed, self.group_by_length = batch_size, seed, group_by_length
-        self.groups = None if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
         self.mega = mega_batches * batch_size
         self.epoch = 0
 
@@ -37,19 +29,14 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
     def __iter__(self):
         rng = np.random.default_rng([self.seed, self.epoch])
         order = rng.permutation(len(self.lengths))
-        if self.groups is None and not self.group_by_length:
+        if not self.group_by_length:
             yield from (order[i:i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size))
             return
-        if self.groups is not None:  # groups in a random order, each group's indices in a random order
-            group_rank = rng.permutation(self.groups.max() + 1)
-            order = order[np.argsort(group_rank[self.groups[order]], kind="stable")]
-            batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        else:
-            batches = []
-            for c in range(0, len(order), self.mega):
-                chunk = order[c:c + self.mega]
-                chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
-                batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+        batches = []
+        for c in range(0, len(order), self.mega):
+            chunk = order[c:c + self.mega]
+            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+            batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
         # The epoch's one short batch (the last one cut) stays last: Accelerate's BatchSamplerShard yields a
         # round of batches only if the round's last batch is full, so a short batch shuffled into the middle
         # made every process drop a whole round (and the planned updates overran the real ones).
