@@ -16,9 +16,8 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
   python train_dpr.py --train_file ../shared/data/dpr/train.json --validation_file ../shared/data/dpr/dev.json \
       --passages ../shared/data/dpr/passages.jsonl --mixed_precision bf16 --output_dir outputs/dpr-squad \
       --shared_encoder --per_device_train_batch_size 32 --learning_rate 5e-5 --num_train_epochs 3 \
-      --refresh_negatives_every 100 --eval_steps 138 --checkpointing_steps 138
-      The real-data result in the README (~24 min on 2 CPU cores): dense top-1 69.8 (BM25: 79.2), hybrid with
-      BM25 83.8, at 10 questions/s; hard negatives re-mined by the model 7 times.
+      --refresh_negatives_every 100 --eval_steps 138 --checkpointing_steps 138 --window_sentences 1
+      The real-data result in the README (~25 min on 2 CPU cores): RESULT_PLACEHOLDER
 
 Skeleton (same as train_reader.py): setup -> data -> model -> utils.training.run (fit, validate, publish); the
 task itself is utils/dpr_task.py. The output directory holds
@@ -40,7 +39,7 @@ from transformers import AutoTokenizer
 from utils.args import TrainArgs, arg, check_at_least_one, check_max_length, packaged_minilm, parse_args
 from utils.batching import LengthGroupedBatchSampler
 from utils.bi_encoder import BiEncoder, sentence_transformers_defaults
-from utils.dpr_data import evaluation_corpus, load_dpr, load_passages, training_passages
+from utils.dpr_data import evaluation_corpus, load_dpr, load_passages, training_passages, training_windows
 from utils.dpr_task import DPRTask, TrainingData
 from utils.errors import UserError, exit_on_user_error
 from utils.runtime import setup
@@ -66,9 +65,10 @@ class DPRArgs(TrainArgs):
     passages: Optional[str] = arg(None, "Corpus to rank at evaluation (JSON lines of title/text/passage_id). "
                                         "Default: the sample's corpus on the sample; else every context of the dev file.")
     window_sentences: int = arg(
-        0, "Rank passages by their best window of N consecutive sentences (each encoded with the passage's title; "
-        "MaxP) when evaluating and when refreshing negatives; training still encodes whole passages. 0: one vector "
-        "per passage (DPR). To index with the trained encoder, embed utils.dpr_data.sentence_windows(passages, N).")
+        0, "Retrieve windows of N consecutive sentences (each encoded with its passage's title), not whole passages: "
+        "each question trains against the window of its positive passage that holds its answer, with windows as "
+        "negatives, and a passage ranks by its best window (MaxP). 0: one vector per passage (DPR). To index with "
+        "the trained encoder, embed utils.dpr_data.sentence_windows(passages, N).")
     num_hard_negatives: int = arg(1, "Hard negatives per question (topped up from negative_ctxs, then random).")
     refresh_negatives_every: Optional[int] = arg(
         None, "Every N updates and at each epoch start, re-mine each training question's hard negatives with the "
@@ -159,6 +159,10 @@ def main(argv=None):
     dev = load_dpr(args.validation_file)
     if args.max_train_samples:
         train = train[: args.max_train_samples]
+    if args.window_sentences:
+        train, whole = training_windows(train, args.window_sentences)
+        logger.info("train: positives are the answer-bearing %d-sentence windows (%d questions keep the whole passage: "
+                    "no window holds an answer)", args.window_sentences, whole)
     if args.max_eval_samples:
         dev = dev[: args.max_eval_samples]
     corpus, added = evaluation_corpus(dev, load_passages(args.passages) if args.passages else None)

@@ -74,6 +74,33 @@ def test_sentence_windows_keep_the_title_and_their_passage():
     assert windows == passages and owner.tolist() == [0, 1]
 
 
+def test_training_windows_train_on_the_answer_sentence_against_sentences():
+    from utils.dpr_data import passage_key, training_windows
+
+    gold = {"title": "Corran", "text": "The lighthouse is old. It was built in 1871! Who built it? Matilda Reyes.",
+            "passage_id": "p1"}
+    hard = {"title": "Orrin", "text": "Birds nest. The Orrin bridge was built in 1871. Lighthouse keepers lived here.",
+            "passage_id": "h1"}
+    other = {"title": "Far", "text": "Far away. Quiet place."}  # no passage_id: its windows are keyed by text
+    q = {"id": "q1", "question": "When was the lighthouse built?", "answers": ["1871"], "positive_ctxs": [gold],
+         "hard_negative_ctxs": [hard], "negative_ctxs": [other]}
+    split = {**q, "id": "q2", "answers": ["old. It was"]}  # the answer crosses a sentence break
+    (a, b), whole = training_windows([q, split], 1)
+    assert a["positive_ctxs"] == [{"title": "Corran", "text": "It was built in 1871!", "passage_id": "p1#1"}]
+    # hard negatives: no answer-bearing window (the bridge sentence holds "1871"); the one sharing the question's
+    # term "lighthouse" first, then passage order
+    assert [(w["text"], w["passage_id"]) for w in a["hard_negative_ctxs"]] == [
+        ("Lighthouse keepers lived here.", "h1#2"), ("Birds nest.", "h1#0")]
+    assert [(w["text"], w["passage_id"]) for w in a["negative_ctxs"]] == [
+        ("The lighthouse is old.", "p1#0"), ("Who built it?", "p1#2"), ("Matilda Reyes.", "p1#3"),
+        ("Far away.", None), ("Quiet place.", None)]
+    assert all(w["title"] == c["title"] for w, c in zip(a["negative_ctxs"], [gold] * 3 + [other] * 2))
+    assert whole == 1 and b["positive_ctxs"] == [gold]  # no window holds the answer: the whole passage
+    assert [w["text"] for w in b["negative_ctxs"]] == ["Far away.", "Quiet place."]
+    assert len({passage_key(w) for w in a["positive_ctxs"] + a["hard_negative_ctxs"] + a["negative_ctxs"]}) == 8
+    assert q["positive_ctxs"] == [gold]  # the caller's questions are left as they were
+
+
 def test_a_passage_scores_its_best_window():
     from utils.dpr_task import passage_scores
 

@@ -58,17 +58,23 @@ def test_training_lowers_the_loss_and_exports_load_with_identical_embeddings(tin
 
 
 def test_window_sentences_rank_each_passage_by_its_best_sentence(tiny_bert_dir, tmp_path):
-    """The evaluation's dense ranks, recomputed here from the saved encoders: every sentence of every corpus passage
-    embedded with its title, a passage scored by its best sentence."""
-    from utils.dpr_data import evaluation_corpus, load_dpr, load_passages, passage_key, sentence_windows
+    """Training and refreshes use sentences; the evaluation's dense ranks, recomputed here from the saved encoders:
+    every sentence of every corpus passage embedded with its title, a passage scored by its best sentence."""
+    from utils.dpr_data import (evaluation_corpus, load_dpr, load_passages, passage_key, sentence_windows,
+                                training_windows, unique_passages)
     from utils.retrieval_metrics import gold_ranks
     from transformers import AutoTokenizer
 
     out = str(tmp_path / "run")
-    run_script("train_dpr.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 6, "--learning_rate", 5e-4,
-                                          "--window_sentences", 1, "--refresh_negatives_every", 3))
+    proc = run_script("train_dpr.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 6, "--learning_rate", 5e-4,
+                                                 "--window_sentences", 1, "--refresh_negatives_every", 3))
     results = json.load(open(os.path.join(out, "eval_results.json")))
     assert results["window_sentences"] == 1 and len(results["negatives_refreshed"]) == 2  # epoch start, update 3
+    train, whole = training_windows(load_dpr(f"{SAMPLE}/dpr_train.json"), 1)
+    pool = unique_passages(c for q in train for c in q["positive_ctxs"] + q["hard_negative_ctxs"] + q["negative_ctxs"])
+    assert len(pool) > 3 * len(unique_passages(c for q in load_dpr(f"{SAMPLE}/dpr_train.json") for c in q["positive_ctxs"]))
+    assert proc.stderr.count(f"{len(pool)} passages encoded") == 2  # the refreshes mine sentences
+    assert f"({whole} questions keep the whole passage" in proc.stderr
 
     dev = load_dpr(f"{SAMPLE}/dpr_dev.json")
     corpus, added = evaluation_corpus(dev, load_passages(f"{SAMPLE}/dpr_passages.jsonl"))

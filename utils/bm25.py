@@ -38,8 +38,14 @@ class BM25:
 _STEMMER = Stemmer.Stemmer("english")
 
 
-def _tokenize(texts: list[str]):
-    return bm25s.tokenize(texts, stopwords="en", stemmer=_STEMMER.stemWords, show_progress=False)
+def _tokenize(texts: list[str], return_ids: bool = True):
+    return bm25s.tokenize(texts, stopwords="en", stemmer=_STEMMER.stemWords, return_ids=return_ids,
+                          show_progress=False)
+
+
+def terms(text: str) -> set[str]:
+    """The BM25 terms of a text (stemmed words, stopwords removed)."""
+    return set(_tokenize([text], return_ids=False)[0])
 
 
 def ranks(scores: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ import re
 import numpy as np
 
 from utils.batching import pad_batch
+from utils.bm25 import terms
 from utils.errors import UserError
 from utils.squad_data import read_json
 
@@ -137,6 +138,36 @@ def sentence_windows(passages: list[dict], sentences: int) -> tuple[list[dict], 
             windows.append({"title": p["title"], "text": " ".join(parts[s:s + sentences])})
             owner.append(i)
     return windows, np.asarray(owner)
+
+
+def training_windows(questions: list[dict], sentences: int) -> tuple[list[dict], int]:
+    """(questions, kept whole): the training questions at the level the retriever ranks with --window_sentences,
+    so training and ranking embed the same kind of text. A question's positive becomes the first window of its
+    positive passage that holds one of its answer strings (the whole passage when none does: an answer across a
+    sentence break, or no answers given; counted); its hard negatives become the windows of its hard-negative
+    passages that hold no answer, those sharing most of the question's BM25 terms first (passage order breaks ties),
+    and its other negatives the other windows of its positive passage and of its negative passages. A window's
+    passage_id is its passage's with "#<window>" appended."""
+    def windows(ctx):
+        pid = ctx.get("passage_id")
+        return [{**w, "passage_id": None if pid is None else f"{pid}#{k}"}
+                for k, w in enumerate(sentence_windows([ctx], sentences)[0])]
+
+    out, whole = [], 0
+    for q in questions:
+        answers = [_normalize(a) for a in q.get("answers") or [] if isinstance(a, str) and a.strip()]
+        has_answer = lambda w: any(a in _normalize(w["text"]) for a in answers)  # noqa: E731
+        own = windows(q["positive_ctxs"][0])
+        positive = next((w for w in own if has_answer(w)), None)
+        if positive is None:
+            whole += 1
+            positive, own = q["positive_ctxs"][0], []
+        words = terms(q["question"])
+        hard = [w for c in q["hard_negative_ctxs"] for w in windows(c) if not has_answer(w)]
+        hard.sort(key=lambda w: -len(words & terms(w["text"])))  # stable: ties keep the passages' order
+        other = [w for w in own if not has_answer(w)] + [w for c in q["negative_ctxs"] for w in windows(c)]
+        out.append({**q, "positive_ctxs": [positive], "hard_negative_ctxs": hard, "negative_ctxs": other})
+    return out, whole
 
 
 class Tokenized:

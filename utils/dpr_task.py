@@ -105,24 +105,19 @@ class DPRTask(Task):
         self.gold = [[self.corpus_index[passage_key(c)] for c in q["positive_ctxs"]] for q in dev]
         bs = args.per_device_eval_batch_size
         # Passages are ranked by their own embedding, or with --window_sentences by their best sentence window's.
-        windows, self.corpus_owner = self._windows(corpus)
+        windows, owner = sentence_windows(corpus, args.window_sentences)
+        self.corpus_owner = torch.from_numpy(owner)
         self.corpus_loader = encoding_loader(accelerator, tokenize_passages(p_tok, windows, args), "passage",
                                              p_tok.pad_token_id, bs)
         self.question_loader = encoding_loader(accelerator, tokenize_questions(q_tok, [q["question"] for q in dev], args),
                                                "query", q_tok.pad_token_id, bs)
-        if args.refresh_negatives_every:  # the training questions and passages, to mine negatives from
-            windows, self.train_owner = self._windows(data.passages)
-            tokenized = tokenize_passages(p_tok, windows, args) if args.window_sentences else data.p
-            self.train_passage_loader = encoding_loader(accelerator, tokenized, "passage", data.p_pad, bs)
+        if args.refresh_negatives_every:  # the training questions and passages (windows already), to mine from
+            self.train_passage_loader = encoding_loader(accelerator, data.p, "passage", data.p_pad, bs)
             self.train_question_loader = encoding_loader(accelerator, data.q, "query", data.q_pad, bs)
         # BM25 over the same corpus, scored once: the baseline each evaluation compares the dense ranking with,
         # and the lexical half of the two hybrids.
         self.bm25_scores = BM25(corpus).scores([q["question"] for q in dev])
         self.bm25_ranks = gold_ranks(self.bm25_scores, self.gold)
-
-    def _windows(self, passages):
-        windows, owner = sentence_windows(passages, self.args.window_sentences)
-        return windows, torch.from_numpy(owner)
 
     @property
     def metric_names(self) -> list[str]:
@@ -185,23 +180,20 @@ class DPRTask(Task):
         t0 = time.perf_counter()
         model.eval()
         with torch.no_grad():
-            p = self.encode(model, self.train_passage_loader, "passage", len(self.train_owner))
+            p = self.encode(model, self.train_passage_loader, "passage", len(self.data.p))
             q = self.encode(model, self.train_question_loader, "query", len(self.data.q))
-        n = len(self.data.passages)
         old = self.data.groups[:, 1:].copy()
         new = torch.from_numpy(old)
         if self.accelerator.is_main_process:
-            depth = min(n, 4 * old.shape[1] + 50)  # deep enough to skip positives and false negatives
-            ranked = torch.cat([passage_scores(q[s:s + 1024], p, self.train_owner, n).topk(depth, dim=1).indices
-                                for s in range(0, len(q), 1024)])
+            depth = min(len(p), 4 * old.shape[1] + 50)  # deep enough to skip positives and false negatives
+            ranked = torch.cat([(q[s:s + 1024] @ p.T).topk(depth, dim=1).indices for s in range(0, len(q), 1024)])
             new = torch.from_numpy(select_negatives(ranked.numpy(), self.train, self.data.passages, old.shape[1], old))
         new = broadcast(new.to(self.accelerator.device), from_process=0).cpu().numpy()
         self.data.groups[:, 1:] = new
         changed = int(sum(len(set(n) - set(o)) for n, o in zip(new.tolist(), old.tolist())))
         seconds = round(time.perf_counter() - t0, 1)
-        logger.info("refreshed hard negatives (%s): %d of %d changed; %d passages encoded (%d vectors, %.1f MiB of "
-                    "embeddings), %.1f s", when, changed, old.size, n, len(p), p.numel() * p.element_size() / 2**20,
-                    seconds)
+        logger.info("refreshed hard negatives (%s): %d of %d changed; %d passages encoded (%.1f MiB of embeddings), "
+                    "%.1f s", when, changed, old.size, len(p), p.numel() * p.element_size() / 2**20, seconds)
         self.data.refreshes.append({"when": when, "changed": changed, "of": int(old.size), "seconds": seconds})
         self.accelerator.log({"train/negatives_changed": changed})
 
