@@ -15,9 +15,11 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 
   python train_dpr.py --train_file ../shared/data/dpr/train.json --validation_file ../shared/data/dpr/dev.json \
       --passages ../shared/data/dpr/passages.jsonl --mixed_precision bf16 --output_dir outputs/dpr-squad \
-      --shared_encoder --per_device_train_batch_size 32 --learning_rate 5e-5 --num_train_epochs 3 \
-      --refresh_negatives_every 100 --eval_steps 138 --checkpointing_steps 138 --window_sentences 1
-      The real-data result in the README (~25 min on 2 CPU cores): RESULT_PLACEHOLDER
+      --shared_encoder --per_device_train_batch_size 32 --learning_rate 5e-5 --num_train_epochs 2 \
+      --refresh_negatives_every 100 --eval_steps 138 --checkpointing_steps 138 --eval_before_training false \
+      --window_sentences 1 --num_hard_negatives 3
+      The real-data result in the README (~13 min on 2 CPU cores): trained and ranked on sentences, dense top-1
+      82.9 (BM25: 79.9 here, 81.4 in the data's README), hybrid with BM25 87.6, at 13 questions/s.
 
 Skeleton (same as train_reader.py): setup -> data -> model -> utils.training.run (fit, validate, publish); the
 task itself is utils/dpr_task.py. The output directory holds
