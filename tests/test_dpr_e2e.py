@@ -70,9 +70,10 @@ def test_window_sentences_rank_each_passage_by_its_best_sentence(tiny_bert_dir, 
                                                  "--window_sentences", 1, "--refresh_negatives_every", 3))
     results = json.load(open(os.path.join(out, "eval_results.json")))
     assert results["window_sentences"] == 1 and len(results["negatives_refreshed"]) == 2  # epoch start, update 3
-    train, whole = training_windows(load_dpr(f"{SAMPLE}/dpr_train.json"), 1)
-    pool = unique_passages(c for q in train for c in q["positive_ctxs"] + q["hard_negative_ctxs"] + q["negative_ctxs"])
-    assert len(pool) > 3 * len(unique_passages(c for q in load_dpr(f"{SAMPLE}/dpr_train.json") for c in q["positive_ctxs"]))
+    train = load_dpr(f"{SAMPLE}/dpr_train.json")
+    sentences, whole = training_windows(train, 1)
+    pool = unique_passages(c for q in sentences for c in q["positive_ctxs"] + q["hard_negative_ctxs"] + q["negative_ctxs"])
+    assert len(pool) > 3 * len(unique_passages(c for q in train for c in q["positive_ctxs"]))
     assert proc.stderr.count(f"{len(pool)} passages encoded") == 2  # the refreshes mine sentences
     assert f"({whole} questions keep the whole passage" in proc.stderr
 

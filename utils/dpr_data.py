@@ -148,23 +148,33 @@ def training_windows(questions: list[dict], sentences: int) -> tuple[list[dict],
     passages that hold no answer, those sharing most of the question's BM25 terms first (passage order breaks ties),
     and its other negatives the other windows of its positive passage and of its negative passages. A window's
     passage_id is its passage's with "#<window>" appended."""
+    split, words = {}, {}  # passages recur across questions (shared negatives): split each, and count terms, once
+
     def windows(ctx):
-        pid = ctx.get("passage_id")
-        return [{**w, "passage_id": None if pid is None else f"{pid}#{k}"}
-                for k, w in enumerate(sentence_windows([ctx], sentences)[0])]
+        key = passage_key(ctx)
+        if key not in split:
+            pid = ctx.get("passage_id")
+            split[key] = [{**w, "passage_id": None if pid is None else f"{pid}#{k}"}
+                          for k, w in enumerate(sentence_windows([ctx], sentences)[0])]
+        return split[key]
+
+    def shared_terms(question_terms, window):
+        if window["text"] not in words:
+            words[window["text"]] = terms(window["text"])
+        return len(question_terms & words[window["text"]])
 
     out, whole = [], 0
     for q in questions:
-        answers = [_normalize(a) for a in q.get("answers") or [] if isinstance(a, str) and a.strip()]
-        has_answer = lambda w: any(a in _normalize(w["text"]) for a in answers)  # noqa: E731
+        answers = _answer_strings(q)
+        has_answer = lambda w: _holds_answer(_normalize(w["text"]), answers)  # noqa: E731
         own = windows(q["positive_ctxs"][0])
         positive = next((w for w in own if has_answer(w)), None)
         if positive is None:
             whole += 1
             positive, own = q["positive_ctxs"][0], []
-        words = terms(q["question"])
+        question_terms = terms(q["question"])
         hard = [w for c in q["hard_negative_ctxs"] for w in windows(c) if not has_answer(w)]
-        hard.sort(key=lambda w: -len(words & terms(w["text"])))  # stable: ties keep the passages' order
+        hard.sort(key=lambda w: -shared_terms(question_terms, w))  # stable: ties keep the passages' order
         other = [w for w in own if not has_answer(w)] + [w for c in q["negative_ctxs"] for w in windows(c)]
         out.append({**q, "positive_ctxs": [positive], "hard_negative_ctxs": hard, "negative_ctxs": other})
     return out, whole
@@ -198,6 +208,15 @@ def _normalize(text: str) -> str:
     return " ".join(text.lower().split())
 
 
+def _answer_strings(question: dict) -> list[str]:
+    return [_normalize(a) for a in question.get("answers") or [] if isinstance(a, str) and a.strip()]
+
+
+def _holds_answer(normalized_text: str, answers: list[str]) -> bool:
+    """A passage holding an answer string is no negative for its question (probably a false one)."""
+    return any(a in normalized_text for a in answers)
+
+
 def select_negatives(ranked: np.ndarray, questions: list[dict], passages: list[dict], count: int,
                      current: np.ndarray) -> np.ndarray:
     """Hard negatives from a ranking: for each question, the `count` best-ranked passages (indices into
@@ -211,13 +230,13 @@ def select_negatives(ranked: np.ndarray, questions: list[dict], passages: list[d
     for i, q in enumerate(questions):
         gold_keys = {passage_key(c) for c in q["positive_ctxs"]}
         gold_texts = {_normalize(c["text"]) for c in q["positive_ctxs"]}
-        answers = [_normalize(a) for a in q.get("answers") or [] if isinstance(a, str) and a.strip()]
+        answers = _answer_strings(q)
         chosen = []
         for j in ranked[i]:
             if len(chosen) == count:
                 break
             if (passage_key(passages[j]) in gold_keys or texts[j] in gold_texts
-                    or any(a in texts[j] for a in answers)):
+                    or _holds_answer(texts[j], answers)):
                 continue
             chosen.append(int(j))
         for j in current[i]:  # fill up from the earlier negatives
