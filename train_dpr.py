@@ -172,8 +172,7 @@ def main(argv=None):
         logger.warning("%d gold passages of the dev file are not in %s; added them to the ranked corpus", added,
                        args.passages)
     per_question = training_passages(train, args.num_hard_negatives, args.seed)
-    dev_passages = training_passages(dev, args.num_hard_negatives, args.seed)
-    corpus, _ = evaluation_corpus(dev, corpus + [c for g in dev_passages for c in g])  # in-batch rank needs them
+    dev_passages = training_passages(dev, args.num_hard_negatives, args.seed)  # for the in-batch rank
     logger.info("train: %d questions x (1 positive + %d negatives); dev: %d questions; corpus: %d passages",
                 len(train), args.num_hard_negatives, len(dev), len(corpus))
     if len(train) < args.per_device_train_batch_size * accelerator.num_processes:

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from utils.bm25 import BM25, ranks, reciprocal_rank_fusion
-from utils.retrieval_metrics import gold_ranks
+from utils.bm25 import BM25, reciprocal_rank_fusion
+from utils.retrieval_metrics import gold_ranks, ranks
 
 CORPUS = [{"title": "Looms", "text": "Ada built a loom in Dunhallow."},
           {"title": "Lighthouses", "text": "The Corran lighthouse was designed by Matilda Reyes."},

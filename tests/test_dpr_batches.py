@@ -75,29 +75,30 @@ def test_sentence_windows_keep_the_title_and_their_passage():
 
 
 def test_training_windows_train_on_the_answer_sentence_against_sentences():
-    from utils.dpr_data import passage_key, training_windows
+    from utils.dpr_data import passage_key, text_key, training_windows
 
     gold = {"title": "Corran", "text": "The lighthouse is old. It was built in 1871! Who built it? Matilda Reyes.",
             "passage_id": "p1"}
     hard = {"title": "Orrin", "text": "Birds nest. The Orrin bridge was built in 1871. Lighthouse keepers lived here.",
             "passage_id": "h1"}
-    other = {"title": "Far", "text": "Far away. Quiet place."}  # no passage_id: its windows are keyed by text
+    other = {"title": "Far", "text": "Far away. Quiet place."}  # no passage_id: its windows are keyed by its text
     q = {"id": "q1", "question": "When was the lighthouse built?", "answers": ["1871"], "positive_ctxs": [gold],
          "hard_negative_ctxs": [hard], "negative_ctxs": [other]}
     split = {**q, "id": "q2", "answers": ["old. It was"]}  # the answer crosses a sentence break
     (a, b), whole = training_windows([q, split], 1)
-    assert a["positive_ctxs"] == [{"title": "Corran", "text": "It was built in 1871!", "passage_id": "p1#1"}]
+    assert a["positive_ctxs"] == [{"title": "Corran", "text": "It was built in 1871!", "passage_id": "p1",
+                                   "passage_key": "p1", "window": 1}]
     # hard negatives: no answer-bearing window (the bridge sentence holds "1871"); the one sharing the question's
     # term "lighthouse" first, then passage order
-    assert [(w["text"], w["passage_id"]) for w in a["hard_negative_ctxs"]] == [
+    assert [(w["text"], text_key(w)) for w in a["hard_negative_ctxs"]] == [
         ("Lighthouse keepers lived here.", "h1#2"), ("Birds nest.", "h1#0")]
-    assert [(w["text"], w["passage_id"]) for w in a["negative_ctxs"]] == [
-        ("The lighthouse is old.", "p1#0"), ("Who built it?", "p1#2"), ("Matilda Reyes.", "p1#3"),
-        ("Far away.", None), ("Quiet place.", None)]
-    assert all(w["title"] == c["title"] for w, c in zip(a["negative_ctxs"], [gold] * 3 + [other] * 2))
+    # the other sentences of the gold paragraph are that paragraph, not negatives: only the negative passage's
+    assert [(w["text"], passage_key(w), w["window"]) for w in a["negative_ctxs"]] == [
+        ("Far away.", "text:Far away. Quiet place.", 0), ("Quiet place.", "text:Far away. Quiet place.", 1)]
+    assert all(w["title"] == "Far" for w in a["negative_ctxs"])
     assert whole == 1 and b["positive_ctxs"] == [gold]  # no window holds the answer: the whole passage
     assert [w["text"] for w in b["negative_ctxs"]] == ["Far away.", "Quiet place."]
-    assert len({passage_key(w) for w in a["positive_ctxs"] + a["hard_negative_ctxs"] + a["negative_ctxs"]}) == 8
+    assert len({text_key(w) for w in a["positive_ctxs"] + a["hard_negative_ctxs"] + a["negative_ctxs"]}) == 5
     assert q["positive_ctxs"] == [gold]  # the caller's questions are left as they were
 
 
@@ -111,10 +112,59 @@ def test_a_passage_scores_its_best_window():
     assert torch.equal(passage_scores(q, windows[:3], torch.arange(3), 3), q @ windows[:3].T)
 
 
-def test_batch_ranks_from_scores_are_the_losss_ranks():
-    from utils.dpr_loss import batch_ranks, dpr_loss
+def test_batch_ranks_from_scores_rank_among_the_losss_unmasked_logits():
+    from utils.dpr_loss import batch_ranks, contrastive_scores
 
     generator = torch.Generator().manual_seed(0)
     q, p = torch.randn(4, 8, generator=generator), torch.randn(8, 8, generator=generator)
     keys = torch.tensor([1, 2, 3, 4, 1, 5, 6, 7])  # question 2's positive duplicates question 0's
-    assert torch.equal(batch_ranks(q @ p.T, keys), dpr_loss(q, p, keys, 1.0)[1])
+    logits = contrastive_scores(q, p, torch.arange(4) * 2, keys, 1.0)  # what the loss sees (duplicates at -inf)
+    want = [int((logits[i] >= logits[i, 2 * i]).sum()) for i in range(4)]  # ties against, as everywhere
+    assert batch_ranks(q @ p.T, keys).tolist() == want
+    assert logits[0, 4] == float("-inf") and logits[2, 0] == float("-inf")
+
+
+def test_every_window_carries_its_passage_so_masking_and_mining_treat_it_as_that_passage(tokenizer):
+    """Two questions about one paragraph, answered by different sentences, are each other's duplicates (masked), a
+    question kept on the whole paragraph masks that paragraph's sentences, and a refresh never picks a sentence of
+    the question's own gold paragraph."""
+    from types import SimpleNamespace
+
+    from utils.dpr_data import training_passages, training_windows
+    from utils.dpr_loss import contrastive_scores
+    from utils.dpr_task import TrainingData
+
+    gold = ctx("g", "The lighthouse is old. It was built in 1871. Matilda Reyes designed it.")
+    neg = ctx("n", "A railway crosses the valley. Trains run at noon.")
+    qs = [{"id": "when", "question": "When was it built?", "answers": ["1871"], "positive_ctxs": [gold],
+           "hard_negative_ctxs": [neg], "negative_ctxs": []},
+          {"id": "who", "question": "Who designed it?", "answers": ["Matilda Reyes"], "positive_ctxs": [gold],
+           "hard_negative_ctxs": [neg], "negative_ctxs": []},
+          {"id": "whole", "question": "How old is it?", "answers": ["old. It"], "positive_ctxs": [gold],
+           "hard_negative_ctxs": [neg], "negative_ctxs": []}]
+    train, whole = training_windows(qs, 1)
+    assert whole == 1 and [q["positive_ctxs"][0]["text"] for q in train] == [
+        "It was built in 1871.", "Matilda Reyes designed it.", gold["text"]]
+    args = SimpleNamespace(max_query_length=32, max_passage_length=64, embed_title=True)
+    data = TrainingData(train, training_passages(train, 1, seed=0), tokenizer, tokenizer, args, mining=True)
+    batch = data.batch(np.arange(3))
+    keys = batch["passage_keys"]  # [pos_0, neg_0, pos_1, neg_1, pos_2, neg_2]
+    assert keys[0] == keys[2] == keys[4] and len(set(keys[[0, 1, 3]].tolist())) == 2
+    logits = contrastive_scores(torch.eye(3, 4), torch.ones(6, 4), torch.tensor([0, 2, 4]), keys, 1.0)
+    for i, own in enumerate((0, 2, 4)):
+        assert [j for j in range(6) if logits[i, j] == float("-inf")] == [j for j in (0, 2, 4) if j != own]
+
+    ranked = np.argsort([0 if c["passage_id"] == "g" else 1 for c in data.passages], kind="stable")[None]
+    refreshed = select_negatives(ranked.repeat(3, 0), train, data.passages, 1, data.groups[:, 1:])
+    assert all(data.passages[j]["passage_id"] == "n" for j in refreshed.ravel())  # gold sentences ranked first
+
+
+def test_refreshed_negatives_are_never_short_nor_duplicated():
+    passages = [ctx("gold", "The gold passage."), ctx("a", "Answer: Matilda Reyes."), ctx("x", "Other."),
+                ctx("y", "Another.")]
+    questions = [{"id": "q", "question": "Who?", "answers": ["Matilda Reyes"], "positive_ctxs": [passages[0]]}]
+    # The ranking holds only the gold and an answer-bearing passage; the earlier negatives repeat one passage.
+    chosen = select_negatives(np.array([[0, 1]]), questions, passages, 2, np.array([[2, 2]]))
+    assert chosen.tolist() == [[2, 3]]
+    chosen = select_negatives(np.array([[0, 1]]), questions, passages[:3], 2, np.array([[2, 2]]))
+    assert chosen.tolist() == [[2, 2]]  # only one passage is neither gold nor answer-bearing: it repeats

@@ -145,3 +145,22 @@ def test_bad_input_is_one_line_nonzero_exit_and_no_model(tmp_path, make_args, ex
     proc = run_script("train_dpr.py", "--output_dir", out, *make_args(tmp_path), check=False)
     assert_user_error(proc, expected)
     assert not (out / "query_encoder").exists()
+
+
+def test_the_ranked_corpus_is_the_one_given(tiny_bert_dir, tmp_path):
+    """The dev questions' hard negatives (needed for the in-batch rank) are not in --passages: they are encoded
+    for the in-batch rank alone, and dense and BM25 rank exactly the passages given."""
+    given = [json.loads(line) for line in open(f"{SAMPLE}/dpr_passages.jsonl")]
+    given = [p for p in given if p["passage_id"].startswith(("Ansel", "The Orrin"))]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(p) + "\n" for p in given))
+    out = str(tmp_path / "run")
+    run_script("train_dpr.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 2, "--max_eval_samples", 10,
+                                          "--train_file", f"{SAMPLE}/dpr_train.json", "--validation_file",
+                                          f"{SAMPLE}/dpr_dev.json", "--passages", corpus, "--num_hard_negatives", 2))
+    ids = {p["passage_id"] for p in given}
+    rankings = [json.loads(line) for line in open(os.path.join(out, "rankings.jsonl"))]
+    assert len(rankings) == 10 and all(set(r["top20"]) == ids for r in rankings)  # every given passage, nothing else
+    results = json.load(open(os.path.join(out, "eval_results.json")))
+    assert results["corpus_passages"] == len(ids) and results["metrics"]["in_batch_avg_rank"] >= 1
+    assert all(r["gold_rank"] <= len(ids) and r["bm25_gold_rank"] <= len(ids) for r in rankings)

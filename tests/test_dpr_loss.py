@@ -7,7 +7,7 @@ import torch
 from accelerate import Accelerator
 
 from utils.bi_encoder import BiEncoder
-from utils.dpr_loss import contrastive_scores, dpr_loss, global_loss
+from utils.dpr_loss import batch_ranks, contrastive_scores, dpr_loss, global_loss
 from utils.grad_cache import grad_cache_step
 
 
@@ -16,17 +16,17 @@ def test_loss_by_hand_with_hard_negatives():
     q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     p = torch.tensor([[2.0, 0.0], [1.0, 1.0], [0.0, 3.0], [0.0, 0.0]])
     keys = torch.tensor([10, 11, 12, 13])
-    loss, ranks = dpr_loss(q, p, keys, temperature=1.0)
+    loss = dpr_loss(q, p, keys, temperature=1.0)
     # q0 scores: [2, 1, 0, 0], positive 0; q1 scores: [0, 1, 3, 0], positive 2
     l0 = -2 + math.log(math.exp(2) + math.exp(1) + 1 + 1)
     l1 = -3 + math.log(1 + math.exp(1) + math.exp(3) + 1)
     assert loss.item() == pytest.approx((l0 + l1) / 2, rel=1e-6)
-    assert ranks.tolist() == [1, 1]
+    assert batch_ranks(q @ p.T, keys).tolist() == [1, 1]
 
 
 def test_temperature_divides_the_logits():
     q, p, keys = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([1, 2])
-    loss, _ = dpr_loss(q, p, keys, temperature=0.5)
+    loss = dpr_loss(q, p, keys, temperature=0.5)
     assert loss.item() == pytest.approx(-2 + math.log(math.exp(2) + 1), rel=1e-6)
 
 
@@ -39,7 +39,7 @@ def test_a_shared_gold_passage_is_not_a_negative_of_its_own_question():
     scores = contrastive_scores(q, p, pos, keys, 1.0)
     assert scores[0, 2] == float("-inf") and scores[1, 0] == float("-inf")  # each other's copy of their gold
     assert torch.isfinite(scores[2]).all()  # q2 keeps every passage as a negative
-    loss, _ = dpr_loss(q, p, keys, 1.0)
+    loss = dpr_loss(q, p, keys, 1.0)
     # q1 by hand: scores over [p0 masked, p1, p2 (+), p3, p4, p5] = [-, 0, 1, 0, 0, 0]
     l1 = -1 + math.log(4 + math.e)
     unmasked = torch.nn.functional.cross_entropy((q @ p.T)[1:2], torch.tensor([2]))
@@ -50,8 +50,8 @@ def test_a_shared_gold_passage_is_not_a_negative_of_its_own_question():
 
 def test_global_loss_is_the_plain_loss_in_one_process():
     q, p, keys = torch.randn(4, 8), torch.randn(8, 8), torch.arange(8)
-    loss, for_backward, _ = global_loss(q, p, keys, 0.1)
-    assert torch.equal(loss, dpr_loss(q, p, keys, 0.1)[0]) and torch.equal(for_backward, loss)
+    loss, for_backward = global_loss(q, p, keys, 0.1)
+    assert torch.equal(loss, dpr_loss(q, p, keys, 0.1)) and torch.equal(for_backward, loss)
 
 
 def _batch(tokenizer):
@@ -87,7 +87,7 @@ def _grad_cache(accelerator, model, q_in, p_in, keys, chunk):
                "passage": {k: v[s * per_question:(s + chunk) * per_question] for k, v in p_in.items()}}
               for s in range(0, len(q_in["input_ids"]), chunk)]
     return grad_cache_step(accelerator, model, chunks, lambda m, c: m(**c),
-                           lambda q, p: global_loss(q, p, keys, 0.05)[1::-1], 1.0)  # (for_backward, loss)
+                           lambda q, p: global_loss(q, p, keys, 0.05)[::-1], 1.0)  # (for_backward, loss)
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 8])
@@ -97,7 +97,7 @@ def test_grad_cache_gradients_equal_full_batch_gradients(tiny_bert_dir, tokenize
 
     def full_batch(model):
         q, p = model(query=q_in, passage=p_in)
-        loss, for_backward, _ = global_loss(q, p, keys, 0.05)
+        loss, for_backward = global_loss(q, p, keys, 0.05)
         for_backward.backward()
         return loss
 
@@ -119,9 +119,18 @@ def test_grad_cache_replays_dropout_masks(tiny_bert_dir, tokenizer):
                          passage={k: v[2 * s:2 * (s + chunk)] for k, v in p_in.items()})
             qs.append(q)
             ps.append(p)
-        loss, for_backward, _ = global_loss(torch.cat(qs), torch.cat(ps), keys, 0.05)
+        loss, for_backward = global_loss(torch.cat(qs), torch.cat(ps), keys, 0.05)
         for_backward.backward()
         return loss
 
     cached = lambda m: _grad_cache(accelerator, m, q_in, p_in, keys, chunk)  # noqa: E731
     _assert_same(_grads(tiny_bert_dir, chunked_in_memory, dropout=True), _grads(tiny_bert_dir, cached, dropout=True))
+
+
+def test_in_batch_ranks_count_ties_against_the_positive_and_nan_last():
+    """The rule of every other ranking (utils.retrieval_metrics): a tie is ahead of the positive, NaN is last."""
+    keys = torch.tensor([1, 2, 3, 4])  # 2 questions x [positive, negative]
+    scores = torch.tensor([[0.5, 0.5, 0.1, 0.0], [0.2, 0.1, float("nan"), 0.0]])
+    assert batch_ranks(scores, keys).tolist() == [2, 4]
+    scores = torch.tensor([[0.5, float("nan"), 0.1, 0.0], [0.2, 0.1, 0.3, float("nan")]])
+    assert batch_ranks(scores, keys).tolist() == [1, 1]

@@ -12,7 +12,7 @@ import bm25s
 import numpy as np
 import Stemmer
 
-from utils.retrieval_metrics import gold_ranks, retrieval_metrics
+from utils.retrieval_metrics import gold_ranks, ranks, retrieval_metrics
 
 RRF_K = 60  # reciprocal-rank fusion constant (Cormack et al., 2009): the usual, untuned value
 
@@ -46,13 +46,6 @@ def _tokenize(texts: list[str], return_ids: bool = True):
 def terms(text: str) -> set[str]:
     """The BM25 terms of a text (stemmed words, stopwords removed)."""
     return set(_tokenize([text], return_ids=False)[0])
-
-
-def ranks(scores: np.ndarray) -> np.ndarray:
-    """1-based rank of every passage for every query; tied passages share the worst rank of their group (no
-    passage gains from the corpus order, e.g. among BM25's many zero scores)."""
-    descending = -np.sort(-scores, axis=1)
-    return np.stack([np.searchsorted(-row, -s, side="right") for row, s in zip(descending, scores)])
 
 
 def reciprocal_rank_fusion(*score_matrices: np.ndarray, k: int = RRF_K) -> np.ndarray:

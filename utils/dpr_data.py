@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 
+from utils.answers import answer_patterns, holds_answer, normalized
 from utils.batching import pad_batch
 from utils.bm25 import terms
 from utils.errors import UserError
@@ -65,8 +66,17 @@ def load_passages(path: str) -> list[dict]:
 
 
 def passage_key(ctx: dict) -> str:
-    """Identity of a passage: its passage_id, else its text (duplicates are compared by this)."""
+    """The passage a text belongs to: its passage_id, else its text; a sentence window carries its passage's key.
+    What duplicate masking and the negatives' positive filter compare: the other windows of a question's gold
+    paragraph are that paragraph, not negatives of it."""
+    if "passage_key" in ctx:
+        return ctx["passage_key"]
     return ctx["passage_id"] if ctx.get("passage_id") is not None else "text:" + ctx["text"]
+
+
+def text_key(ctx: dict) -> str:
+    """Identity of one text: a passage's key, for a window its passage's key and its place ("key#k")."""
+    return passage_key(ctx) + (f"#{ctx['window']}" if "window" in ctx else "")
 
 
 def key_hash(key: str) -> int:
@@ -99,10 +109,10 @@ def training_passages(questions: list[dict], num_hard_negatives: int, seed: int)
 
 
 def unique_passages(ctxs) -> list[dict]:
-    """The passages in order of first appearance, one per key (passage_key)."""
+    """The texts in order of first appearance, one per text_key (a passage, or one window of it)."""
     first = {}
     for c in ctxs:
-        first.setdefault(passage_key(c), c)
+        first.setdefault(text_key(c), c)
     return list(first.values())
 
 
@@ -127,17 +137,20 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 
 def sentence_windows(passages: list[dict], sentences: int) -> tuple[list[dict], np.ndarray]:
     """(windows, owner): every passage cut into windows of `sentences` consecutive sentences (stride 1; a passage
-    with fewer sentences is one window), each with its passage's title, and owner[j] = the index of window j's
-    passage. With sentences=0 the windows are the passages themselves."""
+    with fewer sentences is one window), each with its passage's title, passage_id and key (passage_key) and its
+    place k in the passage ("window"), and owner[j] = the index of window j's passage. With sentences=0 the windows
+    are the passages themselves."""
     if not sentences:
         return passages, np.arange(len(passages))
     windows, owner = [], []
     for i, p in enumerate(passages):
         parts = _SENTENCE_END.split(p["text"].strip())
+        key = passage_key(p)
         for s in range(max(1, len(parts) - sentences + 1)):
-            windows.append({"title": p["title"], "text": " ".join(parts[s:s + sentences])})
+            windows.append({"title": p["title"], "text": " ".join(parts[s:s + sentences]),
+                            "passage_id": p.get("passage_id"), "passage_key": key, "window": s})
             owner.append(i)
-    return windows, np.asarray(owner)
+    return windows, np.asarray(owner, dtype=np.int64)
 
 
 def training_windows(questions: list[dict], sentences: int) -> tuple[list[dict], int]:
@@ -146,17 +159,21 @@ def training_windows(questions: list[dict], sentences: int) -> tuple[list[dict],
     positive passage that holds one of its answer strings (the whole passage when none does: an answer across a
     sentence break, or no answers given; counted); its hard negatives become the windows of its hard-negative
     passages that hold no answer, those sharing most of the question's BM25 terms first (passage order breaks ties),
-    and its other negatives the other windows of its positive passage and of its negative passages. A window's
-    passage_id is its passage's with "#<window>" appended."""
-    split, words = {}, {}  # passages recur across questions (shared negatives): split each, and count terms, once
+    and its other negatives the windows of its negative passages. The other windows of its positive passage are no
+    negatives: a passage ranks by its best window, so they stand for the gold passage (and every window carries its
+    passage's key, so masking treats them as the positive's duplicates)."""
+    split, words, norm = {}, {}, {}  # passages recur across questions (shared negatives): split, count, normalise once
 
     def windows(ctx):
-        key = passage_key(ctx)
+        key = text_key(ctx)
         if key not in split:
-            pid = ctx.get("passage_id")
-            split[key] = [{**w, "passage_id": None if pid is None else f"{pid}#{k}"}
-                          for k, w in enumerate(sentence_windows([ctx], sentences)[0])]
+            split[key] = sentence_windows([ctx], sentences)[0]
         return split[key]
+
+    def normalized_text(window):
+        if window["text"] not in norm:
+            norm[window["text"]] = normalized(window["text"])
+        return norm[window["text"]]
 
     def shared_terms(question_terms, window):
         if window["text"] not in words:
@@ -165,17 +182,16 @@ def training_windows(questions: list[dict], sentences: int) -> tuple[list[dict],
 
     out, whole = [], 0
     for q in questions:
-        answers = _answer_strings(q)
-        has_answer = lambda w: _holds_answer(_normalize(w["text"]), answers)  # noqa: E731
-        own = windows(q["positive_ctxs"][0])
-        positive = next((w for w in own if has_answer(w)), None)
+        answers = answer_patterns(q.get("answers"))
+        has_answer = lambda w: holds_answer(normalized_text(w), answers)  # noqa: E731
+        positive = next((w for w in windows(q["positive_ctxs"][0]) if has_answer(w)), None)
         if positive is None:
             whole += 1
-            positive, own = q["positive_ctxs"][0], []
+            positive = q["positive_ctxs"][0]
         question_terms = terms(q["question"])
         hard = [w for c in q["hard_negative_ctxs"] for w in windows(c) if not has_answer(w)]
         hard.sort(key=lambda w: -shared_terms(question_terms, w))  # stable: ties keep the passages' order
-        other = [w for w in own if not has_answer(w)] + [w for c in q["negative_ctxs"] for w in windows(c)]
+        other = [w for c in q["negative_ctxs"] for w in windows(c)]
         out.append({**q, "positive_ctxs": [positive], "hard_negative_ctxs": hard, "negative_ctxs": other})
     return out, whole
 
@@ -204,45 +220,38 @@ class Tokenized:
                           for i in indices], pad_token_id)
 
 
-def _normalize(text: str) -> str:
-    return " ".join(text.lower().split())
-
-
-def _answer_strings(question: dict) -> list[str]:
-    return [_normalize(a) for a in question.get("answers") or [] if isinstance(a, str) and a.strip()]
-
-
-def _holds_answer(normalized_text: str, answers: list[str]) -> bool:
-    """A passage holding an answer string is no negative for its question (probably a false one)."""
-    return any(a in normalized_text for a in answers)
-
-
 def select_negatives(ranked: np.ndarray, questions: list[dict], passages: list[dict], count: int,
-                     current: np.ndarray) -> np.ndarray:
+                     current: np.ndarray, normalized_texts: list[str] | None = None) -> np.ndarray:
     """Hard negatives from a ranking: for each question, the `count` best-ranked passages (indices into
-    `passages`, ranked[i] best first) that are not a positive of the question (same passage_id, else the same
-    text) and contain none of its answer strings (a passage that does is probably a false negative: the
-    filter Tevatron applies). Those ranked above the gold are the model's mistakes; when the model ranks the
-    gold first they are the ones just below it. A question left short (tiny corpus) keeps its earlier
-    negatives (`current`) to fill up."""
-    texts = [_normalize(p["text"]) for p in passages]
-    out = current.copy()
+    `passages`, ranked[i] best first) that are not one of its positives (same passage key, so no window of its gold
+    passage either, nor the same text) and hold none of its answer strings (utils.answers: a passage that does is
+    probably a false negative, the filter Tevatron applies). Those ranked above the gold are the model's
+    mistakes; when the model ranks the gold first they are the ones just below it. Never short, never a
+    duplicate: a question whose ranking runs out (tiny corpus) is topped up from its earlier negatives
+    (`current`), then from the other passages in order; only a pool with fewer than `count` non-positive
+    passages repeats one. `normalized_texts`: utils.answers.normalized of every passage, if already computed."""
+    texts = normalized_texts if normalized_texts is not None else [normalized(p["text"]) for p in passages]
+    out = np.empty_like(current)
     for i, q in enumerate(questions):
         gold_keys = {passage_key(c) for c in q["positive_ctxs"]}
-        gold_texts = {_normalize(c["text"]) for c in q["positive_ctxs"]}
-        answers = _answer_strings(q)
+        gold_texts = {normalized(c["text"]) for c in q["positive_ctxs"]}
+        answers = answer_patterns(q.get("answers"))
+        is_gold = lambda j: passage_key(passages[j]) in gold_keys or texts[j] in gold_texts  # noqa: E731
         chosen = []
         for j in ranked[i]:
             if len(chosen) == count:
                 break
-            if (passage_key(passages[j]) in gold_keys or texts[j] in gold_texts
-                    or _holds_answer(texts[j], answers)):
-                continue
-            chosen.append(int(j))
-        for j in current[i]:  # fill up from the earlier negatives
-            if len(chosen) == count:
+            j = int(j)
+            if j not in chosen and not is_gold(j) and not holds_answer(texts[j], answers):
+                chosen.append(j)
+        pool = (j for j in range(len(passages)) if not holds_answer(texts[j], answers))
+        for j in (j for source in ((int(j) for j in current[i]), pool) for j in source):  # lazily: the pool only
+            if len(chosen) == count:                                                       # when still short
                 break
-            if j not in chosen:
-                chosen.append(int(j))
+            if j not in chosen and not is_gold(j):
+                chosen.append(j)
+        repeat = list(chosen) or [int(j) for j in current[i]]
+        while len(chosen) < count:  # fewer non-positive passages than negatives per question
+            chosen.append(repeat[len(chosen) % len(repeat)])
         out[i] = chosen
     return out

@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from utils.retrieval_metrics import gold_ranks
+
 
 def contrastive_scores(q: torch.Tensor, p: torch.Tensor, positive_idx: torch.Tensor, passage_keys: torch.Tensor,
                        temperature: float) -> torch.Tensor:
@@ -30,22 +32,19 @@ def _positions(n_questions: int, n_passages: int, device) -> torch.Tensor:
     return torch.arange(n_questions, device=device) * (n_passages // n_questions)
 
 
-def _ranks(scores, positive_idx):
-    return (scores > scores.gather(1, positive_idx[:, None])).sum(1) + 1
-
-
 def batch_ranks(scores: torch.Tensor, passage_keys: torch.Tensor) -> torch.Tensor:
     """Rank of each question's positive among the passages of its batch, from scores (questions x passages) laid
-    out as in training; duplicates of the positive do not count."""
+    out as in training; duplicates of the positive do not count; ties and NaN as in every other ranking
+    (utils.retrieval_metrics)."""
     positive_idx = _positions(*scores.shape, scores.device)
-    return _ranks(_mask_duplicates(scores, positive_idx, passage_keys), positive_idx)
+    masked = _mask_duplicates(scores, positive_idx, passage_keys)
+    return torch.from_numpy(gold_ranks(masked.cpu().numpy(), [[int(j)] for j in positive_idx]))
 
 
-def dpr_loss(q, p, passage_keys, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean cross-entropy of each question's positive, rank of each positive among the batch's passages)."""
+def dpr_loss(q, p, passage_keys, temperature: float) -> torch.Tensor:
+    """Mean cross-entropy of each question's positive among every passage of the batch."""
     positive_idx = _positions(len(q), len(p), q.device)
-    scores = contrastive_scores(q, p, positive_idx, passage_keys, temperature)
-    return F.cross_entropy(scores, positive_idx), _ranks(scores, positive_idx)
+    return F.cross_entropy(contrastive_scores(q, p, positive_idx, passage_keys, temperature), positive_idx)
 
 
 def world() -> tuple[int, int]:
@@ -71,5 +70,5 @@ def global_loss(q, p, passage_keys, temperature):
     over processes and each process's backward reaches only its own embeddings, so the returned
     `for_backward` = loss x world size makes the averaged gradient exactly the global-batch gradient."""
     size, _ = world()
-    loss, ranks = dpr_loss(gather_with_grad(q), gather_with_grad(p), gather_with_grad(passage_keys), temperature)
-    return loss, loss * size, ranks
+    loss = dpr_loss(gather_with_grad(q), gather_with_grad(p), gather_with_grad(passage_keys), temperature)
+    return loss, loss * size

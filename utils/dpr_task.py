@@ -16,7 +16,9 @@ from torch.utils.data import DataLoader
 
 from utils.bi_encoder import encoder_state, export_dpr, save_sentence_transformers_dir
 from utils.bm25 import BM25, cross_fitted_fusion, reciprocal_rank_fusion
-from utils.dpr_data import Tokenized, key_hash, passage_key, select_negatives, sentence_windows, unique_passages
+from utils.answers import normalized
+from utils.dpr_data import (Tokenized, key_hash, passage_key, select_negatives, sentence_windows, text_key,
+                            unique_passages)
 from utils.dpr_loss import batch_ranks, global_loss
 from utils.grad_cache import grad_cache_step
 from utils.retrieval_metrics import gold_ranks, retrieval_metrics, top_passages
@@ -49,9 +51,11 @@ class TrainingData:
         if mining:
             ctxs += [c for q in questions for c in q["positive_ctxs"] + q["hard_negative_ctxs"] + q["negative_ctxs"]]
         self.passages = unique_passages(ctxs)
-        index = {passage_key(c): i for i, c in enumerate(self.passages)}
-        self.groups = np.array([[index[passage_key(c)] for c in g] for g in groups], dtype=np.int64)
+        index = {text_key(c): i for i, c in enumerate(self.passages)}
+        self.groups = np.array([[index[text_key(c)] for c in g] for g in groups], dtype=np.int64)
+        # Masking compares passages, not texts: a window is a duplicate of every other window of its passage.
         self.keys = torch.tensor([key_hash(passage_key(c)) for c in self.passages], dtype=torch.long)
+        self.normalized_texts = [normalized(c["text"]) for c in self.passages] if mining else None
         self.q = tokenize_questions(q_tok, [q["question"] for q in questions], args)
         self.p = tokenize_passages(p_tok, self.passages, args)
         self.q_pad, self.p_pad = q_tok.pad_token_id, p_tok.pad_token_id
@@ -104,9 +108,15 @@ class DPRTask(Task):
         self.corpus_index = {passage_key(c): i for i, c in enumerate(corpus)}
         self.gold = [[self.corpus_index[passage_key(c)] for c in q["positive_ctxs"]] for q in dev]
         bs = args.per_device_eval_batch_size
+        # The passages of the dev questions' training-style batches that the corpus lacks (their hard negatives, say)
+        # are encoded too, for the in-batch rank only: the ranked corpus stays the one given.
+        extra = unique_passages(c for g in dev_passages for c in g if passage_key(c) not in self.corpus_index)
+        encoded = corpus + extra
+        self.encoded_index = {passage_key(c): i for i, c in enumerate(encoded)}
         # Passages are ranked by their own embedding, or with --window_sentences by their best sentence window's.
-        windows, owner = sentence_windows(corpus, args.window_sentences)
-        self.corpus_owner = torch.from_numpy(owner)
+        windows, owner = sentence_windows(encoded, args.window_sentences)
+        self.window_start = np.searchsorted(owner, np.arange(len(encoded) + 1))  # passage i: rows start[i]:start[i+1]
+        self.corpus_owner = torch.from_numpy(owner[:self.window_start[len(corpus)]])
         self.corpus_loader = encoding_loader(accelerator, tokenize_passages(p_tok, windows, args), "passage",
                                              p_tok.pad_token_id, bs)
         self.question_loader = encoding_loader(accelerator, tokenize_questions(q_tok, [q["question"] for q in dev], args),
@@ -145,7 +155,7 @@ class DPRTask(Task):
     def _loss(self, q, p, passage_keys):
         """(loss to backpropagate, loss to log): the global-batch loss, scaled by the world size for DDP's
         gradient average (utils.dpr_loss.global_loss)."""
-        loss, for_backward, _ = global_loss(q, p, passage_keys, self.args.temperature)
+        loss, for_backward = global_loss(q, p, passage_keys, self.args.temperature)
         return for_backward, loss
 
     def train_step(self, accelerator, model, batch, weight=1.0):
@@ -187,7 +197,8 @@ class DPRTask(Task):
         if self.accelerator.is_main_process:
             depth = min(len(p), 4 * old.shape[1] + 50)  # deep enough to skip positives and false negatives
             ranked = torch.cat([(q[s:s + 1024] @ p.T).topk(depth, dim=1).indices for s in range(0, len(q), 1024)])
-            new = torch.from_numpy(select_negatives(ranked.numpy(), self.train, self.data.passages, old.shape[1], old))
+            new = torch.from_numpy(select_negatives(ranked.numpy(), self.train, self.data.passages, old.shape[1], old,
+                                                    self.data.normalized_texts))
         new = broadcast(new.to(self.accelerator.device), from_process=0).cpu().numpy()
         self.data.groups[:, 1:] = new
         changed = int(sum(len(set(n) - set(o)) for n, o in zip(new.tolist(), old.tolist())))
@@ -212,9 +223,13 @@ class DPRTask(Task):
         return out
 
     def evaluate(self, model) -> dict:
-        p_emb = self.encode(model, self.corpus_loader, "passage", len(self.corpus_owner))
+        w_emb = self.encode(model, self.corpus_loader, "passage", int(self.window_start[-1]))
         q_emb = self.encode(model, self.question_loader, "query", len(self.dev))
-        scores = passage_scores(q_emb, p_emb, self.corpus_owner, len(self.corpus)).numpy()
+        nan = {"questions": int(q_emb.isnan().any(1).sum()), "passages": int(w_emb.isnan().any(1).sum())}
+        if any(nan.values()):
+            logger.warning("NaN embeddings of %d dev questions and %d passages (a diverged encoder?): their scores "
+                           "rank last", nan["questions"], nan["passages"])
+        scores = passage_scores(q_emb, w_emb[:len(self.corpus_owner)], self.corpus_owner, len(self.corpus)).numpy()
         ranks = gold_ranks(scores, self.gold)
         # Hybrids: a convex combination of normalised scores, its dense weight tuned on these questions (each half
         # scored with the weight tuned on the other half: no question scores its own tuning), and untuned RRF.
@@ -222,7 +237,7 @@ class DPRTask(Task):
         hybrid_ranks = gold_ranks(fused, self.gold)
         rrf_ranks = gold_ranks(reciprocal_rank_fusion(scores, self.bm25_scores), self.gold)
         metrics = retrieval_metrics(ranks)
-        metrics["in_batch_avg_rank"] = self._in_batch_rank(scores)
+        metrics["in_batch_avg_rank"] = self._in_batch_rank(q_emb, w_emb)
         for kind, r in (("bm25", self.bm25_ranks), ("hybrid", hybrid_ranks), ("rrf", rrf_ranks)):
             metrics.update({f"{kind}_{k}": v for k, v in retrieval_metrics(r).items()})
         metrics["hybrid_dense_weight"] = dense_weight
@@ -233,13 +248,18 @@ class DPRTask(Task):
                     for q, r, b, h, f, t in zip(self.dev, ranks, self.bm25_ranks, hybrid_ranks, rrf_ranks, top)]
         return {"metrics": metrics, "rankings": rankings}
 
-    def _in_batch_rank(self, scores: np.ndarray) -> float:
+    def _in_batch_rank(self, q_emb: torch.Tensor, w_emb: torch.Tensor) -> float:
         """Haystack's in-batch metric: the positive's rank among the passages of its training-style global
-        batch (the batch's positives and hard negatives), averaged over dev questions."""
+        batch (the batch's positives and hard negatives, each scored by its best window), averaged over dev
+        questions."""
         bs, ranks = self.args.per_device_train_batch_size * self.accelerator.num_processes, []
+        start = self.window_start
         for s in range(0, len(self.dev), bs):
             ctxs = [c for group in self.dev_passages[s:s + bs] for c in group]
-            batch_scores = torch.from_numpy(scores[s:s + bs][:, [self.corpus_index[passage_key(c)] for c in ctxs]])
+            cols = [self.encoded_index[passage_key(c)] for c in ctxs]
+            rows = np.concatenate([np.arange(start[c], start[c + 1]) for c in cols])
+            owner = np.repeat(np.arange(len(cols)), [start[c + 1] - start[c] for c in cols])
+            batch_scores = passage_scores(q_emb[s:s + bs], w_emb[rows], torch.from_numpy(owner), len(cols))
             keys = torch.tensor([key_hash(passage_key(c)) for c in ctxs])
             ranks.append(batch_ranks(batch_scores, keys).float())
         return float(torch.cat(ranks).mean())
@@ -257,7 +277,7 @@ class DPRTask(Task):
 
     def summary(self, result):
         out = {"pooling": self.args.pooling, "similarity": self.args.similarity, "temperature": self.args.temperature,
-               "window_sentences": self.args.window_sentences}
+               "window_sentences": self.args.window_sentences, "corpus_passages": len(self.corpus)}
         if self.args.refresh_negatives_every:
             out["negatives_refreshed"] = self.data.refreshes
         return out

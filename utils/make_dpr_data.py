@@ -5,15 +5,18 @@
 Every paragraph becomes a passage (passage_id "Title#paragraph_index"). Every answerable question
 becomes a DPR example: its own paragraph as the positive, the top BM25 paragraphs (question as the
 query, ranked with the bm25s library) that contain none of its answer strings as hard negatives,
-and random paragraphs without an answer string as negatives. Unanswerable questions have no
+and random paragraphs without an answer string as negatives (answers matched as in utils.answers: normalised,
+on token boundaries). Unanswerable questions have no
 positive and are left out.
 """
 
 import argparse
 import json
+import os
 import random
 import sys
 
+from utils.answers import answer_patterns, holds_answer, normalized
 from utils.bm25 import BM25
 from utils.errors import UserError, exit_on_user_error
 from utils.squad_data import load_squad
@@ -33,12 +36,13 @@ def build(examples: list[dict], num_hard_negatives: int, num_negatives: int, see
         raise UserError("no answerable questions to build DPR examples from")
 
     hits, scores = BM25(passages).top([q["question"] for q in questions], num_hard_negatives + 50)
+    texts = [normalized(p["text"]) for p in passages]
     rng = random.Random(seed)
     out = []
     for q, ranked, ranked_scores in zip(questions, hits, scores):
         gold = pid_of[(q["title"], q["context"])]
-        answers = [a.lower() for a in q["answers"]["text"]]
-        no_answer = lambda p: not any(a in passages[p]["text"].lower() for a in answers)  # noqa: E731
+        answers = answer_patterns(q["answers"]["text"])
+        no_answer = lambda p: not holds_answer(texts[p], answers)  # noqa: E731
         hard = [(int(p), float(s)) for p, s in zip(ranked, ranked_scores) if p != gold and s > 0 and no_answer(p)]
         hard = hard[:num_hard_negatives]
         taken = {gold} | {p for p, _ in hard}
@@ -63,6 +67,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     examples = [ex for path in args.squad_files for ex in load_squad(path)[0]]
     data, passages = build(examples, args.num_hard_negatives, args.num_negatives, args.seed)
+    for path in filter(None, (args.out, args.passages)):
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        except OSError as err:
+            raise UserError(f"{path}: cannot create its directory ({err.strerror or err})") from None
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1, ensure_ascii=False)
     if args.passages:

@@ -12,13 +12,13 @@ import re
 import string
 from collections import Counter
 
-_PUNCT = set(string.punctuation)
+_DROP_PUNCT = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 
 
 def normalize_answer(s: str) -> str:
-    s = "".join(ch for ch in s.lower() if ch not in _PUNCT)
-    return " ".join(_ARTICLES.sub(" ", s).split())
+    """Lower case, ASCII punctuation removed, the articles a/an/the removed, whitespace collapsed."""
+    return " ".join(_ARTICLES.sub(" ", s.lower().translate(_DROP_PUNCT)).split())
 
 
 def exact_match(gold: str, pred: str) -> int:
