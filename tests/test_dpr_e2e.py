@@ -139,6 +139,8 @@ def test_sigkilled_run_resumes_to_the_same_weights(tiny_bert_dir, tmp_path, extr
     (lambda t: ["--mixed_precision", "fp16"], "fp16 mixed precision needs a GPU"),
     (lambda t: ["--metric_for_best_model", "top3"], "--metric_for_best_model top3: not a metric of this run; "
      "choose one of top1, top5, top20, top100, mrr@10, mean_rank, in_batch_avg_rank"),
+    (lambda t: ["--metric_for_best_model", "hybrid_dense_weight"], "--metric_for_best_model hybrid_dense_weight: not"),
+    (lambda t: ["--metric_for_best_model", "bm25_top1"], "--metric_for_best_model bm25_top1: not a metric"),
 ])
 def test_bad_input_is_one_line_nonzero_exit_and_no_model(tmp_path, make_args, expected):
     out = tmp_path / "out"
@@ -164,3 +166,18 @@ def test_the_ranked_corpus_is_the_one_given(tiny_bert_dir, tmp_path):
     results = json.load(open(os.path.join(out, "eval_results.json")))
     assert results["corpus_passages"] == len(ids) and results["metrics"]["in_batch_avg_rank"] >= 1
     assert all(r["gold_rank"] <= len(ids) and r["bm25_gold_rank"] <= len(ids) for r in rankings)
+
+
+def test_a_lower_is_better_metric_keeps_the_lowest(tiny_bert_dir, tmp_path):
+    """--metric_for_best_model mean_rank keeps the evaluation with the lowest mean rank (it kept the highest)."""
+    import re
+
+    out = str(tmp_path / "run")
+    proc = run_script("train_dpr.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 8, "--eval_steps", 1,
+                                                 "--learning_rate", 1e-3, "--metric_for_best_model", "mean_rank"))
+    ranks = {int(step): float(rank) for step, rank in
+             re.findall(r"eval @ update (\d+): .*?mean_rank=([0-9.]+)", proc.stdout)}
+    assert sorted(ranks) == list(range(1, 9)) and len(set(ranks.values())) > 2, ranks
+    best = json.load(open(os.path.join(out, "eval_results.json")))["best_update"]
+    assert ranks[best] == min(ranks.values()) and min(ranks.values()) < max(ranks.values())
+    assert best == min(s for s, r in ranks.items() if r == min(ranks.values()))  # the first of equal ones

@@ -118,7 +118,9 @@ def no_answer_in_context(tmp_path):
     (lambda t: ["--train_file", f"{SAMPLE}/train.json"], "give --validation_file, or --dev_split"),
     (lambda t: ["--model_name_or_path", str(t / "nowhere")], "nowhere: cannot load a tokenizer"),
     (lambda t: ["--metric_for_best_model", "f2"],
-     "--metric_for_best_model f2: not a metric of this run; choose one of exact, f1, total, HasAns_exact"),
+     "--metric_for_best_model f2: not a metric of this run; choose one of exact, f1, HasAns_exact, HasAns_f1"),
+    (lambda t: ["--metric_for_best_model", "HasAns_total"], "--metric_for_best_model HasAns_total: not a metric"),
+    (lambda t: ["--metric_for_best_model", "null_threshold"], "--metric_for_best_model null_threshold: not a metric"),
 ])
 def test_bad_input_is_one_line_nonzero_exit_and_no_model(tmp_path, make_args, expected):
     out = tmp_path / "out"
@@ -136,10 +138,11 @@ def test_refuses_to_overwrite_checkpoints_without_resume(tiny_bert_dir, tmp_path
 
 
 def test_best_model_is_restored_when_the_last_evaluation_is_not_the_best(tiny_bert_dir, tmp_path):
-    # "total" never increases, so the first evaluation stays the best and the end must restore it.
+    # At a learning rate of 1e-12 no fp32 weight moves, F1 never improves, so the first evaluation stays the best
+    # and the end must restore it.
     out = str(tmp_path / "best")
     proc = run_script("train_reader.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 6, "--eval_steps", 2,
-                                                    "--metric_for_best_model", "total"))
+                                                    "--learning_rate", 1e-12))
     assert "restoring the best model (update 2" in proc.stderr
     results = json.load(open(os.path.join(out, "eval_results.json")))
     assert results["best_update"] == 2 and results["updates"] == 6
@@ -157,8 +160,8 @@ def test_resume_latest_without_a_checkpoint_is_a_fresh_start_with_its_evaluation
 
 def test_the_best_model_travels_with_its_checkpoint(tiny_bert_dir, tmp_path):
     """Resumed from a checkpoint copied into another directory, the run still publishes the best model that the
-    checkpoint's loop state names (update 2: "total" never improves), not its own last one."""
-    args = ["--max_train_steps", 8, "--eval_steps", 2, "--checkpointing_steps", 4, "--metric_for_best_model", "total"]
+    checkpoint's loop state names (update 2: at a learning rate of 1e-12 F1 never improves), not its own last one."""
+    args = ["--max_train_steps", 8, "--eval_steps", 2, "--checkpointing_steps", 4, "--learning_rate", 1e-12]
     ref = str(tmp_path / "ref")
     run_script("train_reader.py", *tiny_args(tiny_bert_dir, ref, *args))
     assert os.path.isfile(os.path.join(ref, "checkpoints", "step_4", "best_model", "model.safetensors"))
@@ -185,3 +188,15 @@ def test_an_epochs_last_partial_accumulation_window_is_a_full_weight_update(tiny
         norms[accumulation] = [r["grad_norm"] for r in read_log(out)]
     assert len(norms[1]) == 3 and len(norms[2]) == 2
     torch.testing.assert_close(norms[2][1], norms[1][2], rtol=1e-4, atol=0)
+
+
+def test_a_compiled_reader_restores_its_best_model(tiny_bert_dir, tmp_path):
+    """A compiled model (here Accelerate's dynamo setting with the cheap "eager" backend; --torch_compile sets
+    "inductor") is restored into its own weight names: the compiled wrapper's are `_orig_mod.*`, and the strict
+    load raised at the end of the run."""
+    out = str(tmp_path / "compiled")
+    proc = run_script("train_reader.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 4, "--eval_steps", 2,
+                                                    "--learning_rate", 1e-12, "--max_eval_samples", 8),
+                      env={"ACCELERATE_DYNAMO_BACKEND": "eager"})
+    assert "restoring the best model (update 2" in proc.stderr
+    assert_same_weights(os.path.join(out, "best_model", "model.safetensors"), os.path.join(out, "model.safetensors"))

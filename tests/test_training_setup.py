@@ -148,3 +148,12 @@ def test_a_compiled_model_is_saved_under_its_own_weight_names():
     compiled = torch.compile(torch.nn.Sequential(torch.nn.Linear(2, 2)))
     assert set(accelerator.get_state_dict(compiled)) == {"_orig_mod.0.weight", "_orig_mod.0.bias"}
     assert set(full_state_dict(accelerator, compiled)) == {"0.weight", "0.bias"}
+
+
+def test_best_model_keeping_follows_the_metrics_direction_and_never_keeps_nan():
+    from utils.training import improves
+
+    nan = float("nan")
+    assert improves(0.5, None, "max") and improves(0.5, 0.4, "max") and not improves(0.4, 0.5, "max")
+    assert improves(3.0, 4.0, "min") and not improves(4.0, 3.0, "min") and not improves(3.0, 3.0, "min")
+    assert not improves(nan, None, "max") and not improves(nan, 1.0, "min") and improves(0.0, nan, "max")

@@ -130,10 +130,12 @@ class DPRTask(Task):
         self.bm25_ranks = gold_ranks(self.bm25_scores, self.gold)
 
     @property
-    def metric_names(self) -> list[str]:
-        names = list(retrieval_metrics(np.ones(1, dtype=np.int64)))
-        return (names + ["in_batch_avg_rank"] + [f"{kind}_{n}" for kind in ("bm25", "hybrid", "rrf") for n in names]
-                + ["hybrid_dense_weight"])
+    def metric_directions(self) -> dict[str, str]:
+        """Top-k and MRR@10 higher-is-better, mean ranks lower-is-better, dense and both hybrids. BM25's metrics
+        never move and the hybrid's tuned weight is a setting: not choosable."""
+        dense = {n: "min" if n == "mean_rank" else "max" for n in retrieval_metrics(np.ones(1, dtype=np.int64))}
+        return {**dense, "in_batch_avg_rank": "min",
+                **{f"{kind}_{n}": d for kind in ("hybrid", "rrf") for n, d in dense.items()}}
 
     @staticmethod
     def samples_in(batch):

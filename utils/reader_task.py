@@ -74,14 +74,15 @@ class ReaderTask(Task):
         self.null_threshold = None  # of the latest evaluation: what the weights saved next answer with
 
     @property
-    def metric_names(self) -> list[str]:
-        """What `evaluate` reports, from the same functions: squad_metrics' names for this dev set (HasAns/NoAns
-        only where such questions exist), then for SQuAD v2 the same at the dev-tuned threshold."""
+    def metric_directions(self) -> dict[str, str]:
+        """What `evaluate` reports, from the same functions: squad_metrics' EM/F1 for this dev set (HasAns/NoAns only
+        where such questions exist), then for SQuAD v2 the same at the dev-tuned threshold; all higher-is-better
+        (the question counts and the threshold itself are not choosable)."""
         refs = {ex["id"]: ex["answers"]["text"] for ex in self.dev.examples}
-        names = list(squad_metrics(refs, dict.fromkeys(refs, "")))
+        names = [k for k in squad_metrics(refs, dict.fromkeys(refs, "")) if not k.endswith("total")]
         if self.with_no_answer:
-            names += [f"tuned_{k}" for k in names if "total" not in k] + ["null_threshold"]
-        return names
+            names += [f"tuned_{k}" for k in names]
+        return dict.fromkeys(names, "max")
 
     def compute_loss(self, model, batch):
         """Mean of the start and end cross-entropies over real tokens only. (transformers' own QA loss also

@@ -111,6 +111,12 @@ def full_state_dict(accelerator, model) -> dict:
     return {k.replace("_orig_mod.", ""): v for k, v in accelerator.get_state_dict(model).items()}
 
 
+def bare_model(accelerator, model):
+    """The model without Accelerate's wrappers (DDP, ...) and without torch.compile's: its weights are named as
+    saved (`_orig_mod.` prefixes would make a strict load of the best model fail)."""
+    return accelerator.unwrap_model(model, keep_torch_compile=False)
+
+
 def peak_memory_mb(accelerator) -> float:
     """Peak memory of this process: CUDA max allocated on a GPU, peak resident set size on a CPU."""
     if accelerator.device.type == "cuda":

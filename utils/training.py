@@ -26,14 +26,14 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_scheduler
 
 from utils.errors import UserError
-from utils.runtime import (finish, full_state_dict, peak_memory_mb, publish_dir, replace_dir, restore_best_model,
-                           resolve_resume, save_checkpoint, tracker_config, write_json)
+from utils.runtime import (bare_model, finish, full_state_dict, peak_memory_mb, publish_dir, replace_dir,
+                           restore_best_model, resolve_resume, save_checkpoint, tracker_config, write_json)
 
 logger = logging.getLogger("qa-amp")
 
 
 class Task(abc.ABC):
-    """What the loop needs to know about a model. Subclasses implement compute_loss, metric_names, headline,
+    """What the loop needs to know about a model. Subclasses implement compute_loss, metric_directions, headline,
     evaluate, save and load; the rest has defaults."""
 
     tracker_project = "qa-amp"
@@ -59,16 +59,18 @@ class Task(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def metric_names(self) -> list[str]:
-        """Every metric name `evaluate` reports (what --metric_for_best_model may name)."""
+    def metric_directions(self) -> dict[str, str]:
+        """The metrics `evaluate` reports that --metric_for_best_model may name, each with its direction: "max"
+        (higher is better) or "min". Counts and settings (a question count, a tuned threshold) are left out: they
+        are neither better nor worse."""
         ...
 
     def check_metric_for_best_model(self, name: str) -> None:
         """At start-up, not after hours of training: a name the task never reports would silently switch
         best-model keeping and early stopping off."""
-        if name not in self.metric_names:
+        if name not in self.metric_directions:
             raise UserError(f"--metric_for_best_model {name}: not a metric of this run; choose one of "
-                            + ", ".join(self.metric_names))
+                            + ", ".join(self.metric_directions))
 
     @abc.abstractmethod
     def headline(self, metrics: dict) -> str:
@@ -216,7 +218,7 @@ def run(accelerator, args, task: Task, model, optimizer, train_loader) -> None:
     state_dict = full_state_dict(accelerator, model)  # every process: gathers FSDP/DeepSpeed shards
     with publish_dir(accelerator, args.output_dir) as tmp:
         if accelerator.is_main_process:
-            task.save(accelerator.unwrap_model(model), tmp, state_dict)
+            task.save(bare_model(accelerator, model), tmp, state_dict)
             task.write_outputs(tmp, final)
             write_json(accelerator, os.path.join(tmp, "eval_results.json"), summary)
     accelerator.print(f"saved the model, its outputs and eval_results.json to {args.output_dir} "
@@ -395,9 +397,19 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
     if state.best_step is not None and state.best_step != state.step:
         logger.info("restoring the best model (update %d, %s=%.4f) over the last one", state.best_step,
                     args.metric_for_best_model, state.best_metric)
-        task.load(accelerator.unwrap_model(model), best_dir)
+        task.load(bare_model(accelerator, model), best_dir)
         final = evaluate(task, model)
     return state, final
+
+
+def improves(value: float, best: float | None, direction: str) -> bool:
+    """Whether `value` beats the best so far in `direction` ("max" or "min"). NaN never does, and anything
+    else beats a NaN best: a diverged evaluation must not become, or stay, the model that is kept."""
+    if math.isnan(value):
+        return False
+    if best is None or math.isnan(best):
+        return True
+    return value > best if direction == "max" else value < best
 
 
 def _log_window(accelerator, state, scheduler, window, scaler, progress, log_path):
@@ -427,12 +439,12 @@ def _evaluate_and_track(accelerator, args, task, model, state, best_dir, final=F
     accelerator.print(f"eval @ update {state.step}: " + " ".join(
         f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
     value = metrics[args.metric_for_best_model]  # checked at start-up (Task.check_metric_for_best_model)
-    if state.best_metric is None or value > state.best_metric:
+    if improves(value, state.best_metric, task.metric_directions[args.metric_for_best_model]):
         state.best_metric, state.best_step, state.evals_without_improvement = value, state.step, 0
         if not final and args.eval_steps:  # only intermediate bests need a copy on disk
             state_dict = full_state_dict(accelerator, model)  # a collective under FSDP/DeepSpeed: every process
             if accelerator.is_main_process:
-                task.save(accelerator.unwrap_model(model), best_dir + ".tmp", state_dict)
+                task.save(bare_model(accelerator, model), best_dir + ".tmp", state_dict)
                 replace_dir(best_dir + ".tmp", best_dir)
             accelerator.wait_for_everyone()
     elif not final:
