@@ -1,6 +1,7 @@
 """User errors: problems with the command line or the input files, reported as one line, never a traceback."""
 
 import functools
+import os
 import sys
 
 
@@ -8,8 +9,13 @@ class UserError(Exception):
     """Something the user can fix (a flag, a path, a malformed example). The message is the whole report."""
 
 
+class Interrupted(Exception):
+    """Ctrl-C during training. The message says where the run stopped and how to resume it."""
+
+
 def exit_on_user_error(main):
-    """Run `main`; a UserError becomes `error: <message>` on stderr and exit status 2."""
+    """Run `main`; a UserError becomes `error: <message>` on stderr and exit status 2, Ctrl-C one line and exit
+    status 130 (what a shell reports for SIGINT), printed by the first process only."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
@@ -18,5 +24,9 @@ def exit_on_user_error(main):
         except UserError as err:
             print(f"error: {err}", file=sys.stderr, flush=True)
             sys.exit(2)
+        except (Interrupted, KeyboardInterrupt) as err:
+            if os.environ.get("RANK", "0") == "0":
+                print(f"\n{err or 'interrupted'}", file=sys.stderr, flush=True)
+            sys.exit(130)
 
     return wrapper

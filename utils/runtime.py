@@ -10,15 +10,16 @@ leaves something that looks finished or that `--resume_from_checkpoint latest` w
 import ctypes
 import json
 import logging
+import math
 import os
 import re
 import resource
 import shutil
 import sys
 import warnings
-from contextlib import contextmanager
 
 import datasets
+import numpy as np
 import torch
 import transformers
 from accelerate import Accelerator
@@ -26,6 +27,7 @@ from accelerate.utils import DistributedType, broadcast_object_list, set_seed
 
 from utils.args import as_config
 from utils.errors import UserError
+from utils.output_dir import prepare_output_dir
 
 logger = logging.getLogger("qa-amp")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -83,7 +85,7 @@ def setup(args) -> Accelerator:
     check_layout(args, accelerator.distributed_type, getattr(accelerator.state.deepspeed_plugin, "zero_stage", None))
     keep_freed_memory(accelerator.device)
     set_seed(args.seed)
-    _check_output_dir(accelerator, args)
+    prepare_output_dir(accelerator, args, "train" if getattr(args, "do_train", True) else "evaluate")
     effective = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
     accelerator.print(
         f"run: precision={accelerator.mixed_precision} device={accelerator.device.type} "
@@ -160,28 +162,6 @@ def list_checkpoints(ckpt_dir: str) -> list[str]:
     return [os.path.join(ckpt_dir, name) for _, name in steps]
 
 
-def _check_output_dir(accelerator, args):
-    failure = None
-    if accelerator.is_main_process:
-        try:
-            os.makedirs(args.output_dir, exist_ok=True)
-        except OSError as err:  # under a regular file, no permission, read-only file system, ...
-            failure = err.strerror or str(err)
-    if accelerator.num_processes > 1:  # every process stops, not only the one that tried
-        failure = broadcast_object_list([failure])[0]
-    if failure:
-        raise UserError(f"{args.output_dir}: cannot create the output directory ({failure})")
-    existing = list_checkpoints(checkpoint_dir(args))
-    if existing and args.resume_from_checkpoint is None and getattr(args, "do_train", True):
-        if not args.overwrite_output_dir:
-            raise UserError(f"{args.output_dir} holds checkpoints of an earlier run ({os.path.basename(existing[-1])}); "
-                            "pass --resume_from_checkpoint latest to continue it, or --overwrite_output_dir to start over")
-        if accelerator.is_main_process:
-            shutil.rmtree(checkpoint_dir(args))
-            shutil.rmtree(os.path.join(args.output_dir, "best_model"), ignore_errors=True)
-    accelerator.wait_for_everyone()
-
-
 def resolve_resume(args) -> str | None:
     """Path of the checkpoint to resume from, None to start fresh."""
     want = args.resume_from_checkpoint
@@ -211,7 +191,7 @@ def save_checkpoint(accelerator, args, step: int, loop_state: dict, best_dir: st
     accelerator.wait_for_everyone()  # every process has written its RNG state before the rename
     if accelerator.is_main_process:
         with open(os.path.join(tmp, "loop_state.json"), "w") as f:
-            json.dump(loop_state, f, indent=1)  # human-readable copy; the pickled one is what load_state uses
+            json.dump(json_safe(loop_state), f, indent=1)  # human-readable copy; load_state uses the pickled one
         if loop_state["best_step"] is not None and os.path.isdir(best_dir):
             shutil.copytree(best_dir, os.path.join(tmp, "best_model"), copy_function=_link_or_copy)
         replace_dir(tmp, final)
@@ -220,6 +200,24 @@ def save_checkpoint(accelerator, args, step: int, loop_state: dict, best_dir: st
                 shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final
+
+
+def supersede_later_checkpoints(accelerator, args, step: int) -> list[str]:
+    """A run resumed from update `step` abandons the checkpoints of this output directory beyond it: move them to
+    checkpoints/superseded/, so that `--resume_from_checkpoint latest` continues this run and pruning by step
+    order never deletes the checkpoint this run writes next (nothing is deleted). Returns their names."""
+    later = [path for path in list_checkpoints(checkpoint_dir(args)) if int(path.rsplit("_", 1)[1]) > step]
+    if accelerator.is_main_process and later:
+        aside = os.path.join(checkpoint_dir(args), "superseded")
+        os.makedirs(aside, exist_ok=True)
+        for path in later:
+            dest, n = os.path.join(aside, os.path.basename(path)), 1
+            while os.path.exists(dest):
+                n += 1
+                dest = os.path.join(aside, f"{os.path.basename(path)}.{n}")
+            os.replace(path, dest)
+    accelerator.wait_for_everyone()
+    return [os.path.basename(p) for p in later]
 
 
 def restore_best_model(accelerator, checkpoint: str, best_dir: str, best_step: int | None) -> None:
@@ -255,36 +253,29 @@ def replace_dir(new: str, final: str) -> None:
     shutil.rmtree(new + ".old", ignore_errors=True)
 
 
-@contextmanager
-def publish_dir(accelerator, target: str):
-    """Write into a temporary sibling directory; on success move its entries into `target` (created if
-    needed). On error nothing is moved, so `target` never holds a half-written model."""
-    tmp = os.path.join(target, ".tmp-publish")
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    try:
-        yield tmp
-    except BaseException:
-        if accelerator.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if accelerator.is_main_process:
-        # Move the config last: a directory is only a loadable model once config.json exists.
-        names = sorted(os.listdir(tmp), key=lambda n: n == "config.json")
-        for name in names:
-            dest = os.path.join(target, name)
-            if os.path.isdir(dest):
-                shutil.rmtree(dest)
-            os.replace(os.path.join(tmp, name), dest)
-        os.rmdir(tmp)
-    accelerator.wait_for_everyone()
+def json_safe(obj):
+    """`obj` with every non-finite float (inf, -inf, NaN) as None: what JSON calls null. Python's json would write
+    Infinity and NaN, which most JSON readers reject."""
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def json_line(obj) -> str:
+    return json.dumps(json_safe(obj), allow_nan=False, ensure_ascii=False)
 
 
 def write_json(accelerator, path: str, obj) -> None:
+    """Strict JSON (non-finite numbers as null), written to a temporary file and renamed into place."""
     if accelerator.is_main_process:
         with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, ensure_ascii=False)
+            json.dump(json_safe(obj), f, indent=1, ensure_ascii=False, allow_nan=False)
         os.replace(path + ".tmp", path)
 
 

@@ -25,9 +25,11 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_scheduler
 
-from utils.errors import UserError
-from utils.runtime import (bare_model, finish, full_state_dict, peak_memory_mb, publish_dir, replace_dir,
-                           restore_best_model, resolve_resume, save_checkpoint, tracker_config, write_json)
+from utils.errors import Interrupted, UserError
+from utils.output_dir import publish_dir
+from utils.runtime import (bare_model, checkpoint_dir, finish, full_state_dict, json_line, list_checkpoints,
+                           peak_memory_mb, replace_dir, restore_best_model, resolve_resume, save_checkpoint,
+                           supersede_later_checkpoints, tracker_config, write_json)
 
 logger = logging.getLogger("qa-amp")
 
@@ -151,6 +153,7 @@ class LoopState:
     samples_seen: int = 0  # training inputs (all processes) consumed
     tokens_seen: int = 0  # non-padding training tokens (all processes) consumed
     train_seconds: float = 0.0  # wall time in training steps, evaluation and checkpoint saves excluded
+    metrics_before_training: dict | None = None  # the starting model's, carried to a resumed run's results
 
     def state_dict(self):
         return dataclasses.asdict(self)
@@ -211,10 +214,9 @@ def run(accelerator, args, task: Task, model, optimizer, train_loader) -> None:
     plan = plan_steps(args, train_loader)  # from the prepared loader: this process's real share
     scheduler = build_scheduler(optimizer, args, plan.total_updates)
     before = evaluate_before_training(accelerator, args, task, model)
-    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, plan)
+    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, plan, before)
     accelerator.print("after training:  " + task.headline(final["metrics"]))
-    summary = {**run_summary(accelerator, optimizer, plan, state, final, before, task.samples_name),
-               **task.summary(final)}
+    summary = {**run_summary(accelerator, optimizer, plan, state, final, task.samples_name), **task.summary(final)}
     state_dict = full_state_dict(accelerator, model)  # every process: gathers FSDP/DeepSpeed shards
     with publish_dir(accelerator, args.output_dir) as tmp:
         if accelerator.is_main_process:
@@ -227,11 +229,10 @@ def run(accelerator, args, task: Task, model, optimizer, train_loader) -> None:
     finish(accelerator)
 
 
-def run_summary(accelerator, optimizer, plan: Plan, state: LoopState, final: dict, before: dict | None,
-                samples_name: str) -> dict:
+def run_summary(accelerator, optimizer, plan: Plan, state: LoopState, final: dict, samples_name: str) -> dict:
     """What eval_results.json records about a run, the same for both scripts."""
     seconds = max(state.train_seconds, 1e-9)
-    return {"metrics": final["metrics"], "metrics_before_training": before, "updates": state.step,
+    return {"metrics": final["metrics"], "metrics_before_training": state.metrics_before_training, "updates": state.step,
             "updates_planned": plan.total_updates, "skipped_fp16_updates": state.skipped_steps,
             "best_update": state.best_step, "stopped_early": state.stopped_early,
             "train_seconds": round(state.train_seconds, 1),
@@ -307,30 +308,66 @@ def set_epoch(loader, epoch: int) -> None:
         loader = getattr(loader, "batch_sampler", None)
 
 
-def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader, plan: Plan) -> tuple[LoopState, dict]:
+def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader, plan: Plan,
+        metrics_before_training: dict | None = None) -> tuple[LoopState, dict]:
     """Train `model` (already prepared) for `plan.total_updates` updates. Returns the loop state and the final
-    evaluation of the model left in place (the best one, if an earlier evaluation beat the last)."""
-    state = LoopState()
+    evaluation of the model left in place (the best one, if an earlier evaluation beat the last). Ctrl-C ends it
+    with one line that says where it stopped and how to resume (utils.errors.Interrupted)."""
+    state = LoopState(metrics_before_training=metrics_before_training)
     accelerator.register_for_checkpointing(scheduler, state, *task.checkpoint_objects())
     best_dir = os.path.join(args.output_dir, "best_model")
+    log_path = os.path.join(args.output_dir, "train_log.jsonl")
     resume_path = resolve_resume(args)
     if resume_path:
         accelerator.load_state(resume_path)
         restore_best_model(accelerator, resume_path, best_dir, state.best_step)  # the one its state names
         logger.info("resumed from %s at update %d (epoch %d, batch %d)", resume_path, state.step, state.epoch,
                     state.batch_in_epoch)
+        later = supersede_later_checkpoints(accelerator, args, state.step)
+        if later:
+            logger.warning("resuming from update %d abandons the later checkpoints %s of this directory: moved to "
+                           "%s (kept; 'latest' now continues this run)", state.step, ", ".join(later),
+                           os.path.join(checkpoint_dir(args), "superseded"))
+        if accelerator.is_main_process:
+            trim_log(log_path, state.step)  # the interrupted run logged updates that this run makes again
     elif args.resume_from_checkpoint:
         logger.info("--resume_from_checkpoint %s: no checkpoint yet, starting from scratch", args.resume_from_checkpoint)
     if args.report_to != "none":
         accelerator.init_trackers(task.tracker_project, config=tracker_config(args))
-    log_path = os.path.join(args.output_dir, "train_log.jsonl")
     if not resume_path and accelerator.is_main_process and os.path.exists(log_path):
         os.remove(log_path)  # a fresh run starts a fresh log; a resumed one appends
+    progress = tqdm(total=plan.total_updates, initial=state.step, desc="train", dynamic_ncols=True,
+                    disable=not accelerator.is_local_main_process)
+    try:
+        return _fit(accelerator, args, task, model, optimizer, scheduler, train_loader, plan, state, best_dir,
+                    log_path, progress)
+    except KeyboardInterrupt:
+        progress.close()
+        saved = list_checkpoints(checkpoint_dir(args))
+        if saved:
+            where = f"the last checkpoint is {os.path.basename(saved[-1])}; resume with --resume_from_checkpoint latest"
+        elif resume_path:
+            where = f"no checkpoint since {resume_path}; resume with --resume_from_checkpoint {resume_path}"
+        else:
+            where = "no checkpoint was saved (--checkpointing_steps N saves one every N updates)"
+        raise Interrupted(f"interrupted at update {state.step}; {where}") from None
+
+
+def trim_log(path: str, step: int) -> None:
+    """Keep the training log's records of updates up to `step` (a resumed run logs the later ones again)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+    with open(path + ".tmp", "w") as f:
+        f.writelines(kept)
+    os.replace(path + ".tmp", path)
+
+
+def _fit(accelerator, args, task, model, optimizer, scheduler, train_loader, plan, state, best_dir, log_path,
+         progress):
     scaler = accelerator.scaler  # set only for fp16 (Accelerate's native AMP)
     total_steps, accumulation = plan.total_updates, args.gradient_accumulation_steps
-
-    progress = tqdm(total=total_steps, initial=state.step, desc="train", dynamic_ncols=True,
-                    disable=not accelerator.is_local_main_process)
     window = {"loss": 0.0, "micro": 0, "samples": 0, "tokens": 0, "grad_norm": None, "t0": time.perf_counter()}
     model.train()
     tick = time.perf_counter()
@@ -428,7 +465,7 @@ def _log_window(accelerator, state, scheduler, window, scaler, progress, log_pat
     accelerator.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=state.step)
     if accelerator.is_main_process:
         with open(log_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json_line(record) + "\n")
     window.update(loss=0.0, micro=0, samples=0, tokens=0, grad_norm=None, t0=time.perf_counter())
 
 

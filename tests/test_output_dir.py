@@ -1,0 +1,158 @@
+"""The output directory: never silently replaced, published as a whole, checkpoints never lost."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+from accelerate import Accelerator
+
+from conftest import ROOT, assert_user_error, run_killed_at_checkpoint, run_script
+from utils.errors import UserError
+from utils.output_dir import MARKER, prepare_output_dir, publish_dir, read_marker
+
+
+def tiny_reader(model_dir, out, *extra):
+    return ["--model_name_or_path", model_dir, "--output_dir", out, "--per_device_train_batch_size", 8,
+            "--max_eval_samples", 8, "--eval_before_training", "false", *extra]
+
+
+def tiny_dpr(model_dir, out, *extra):
+    return ["--query_model_name_or_path", model_dir, "--passage_model_name_or_path", model_dir, "--output_dir", out,
+            "--per_device_train_batch_size", 8, "--max_eval_samples", 8, "--eval_before_training", "false", *extra]
+
+
+def test_a_second_run_does_not_silently_replace_a_finished_model(tiny_bert_dir, tmp_path):
+    out = str(tmp_path / "out")
+    run_script("train_reader.py", *tiny_reader(tiny_bert_dir, out, "--max_train_steps", 3))
+    before = open(os.path.join(out, "model.safetensors"), "rb").read()
+    proc = run_script("train_reader.py", *tiny_reader(tiny_bert_dir, out, "--max_train_steps", 1), check=False)
+    assert_user_error(proc, f"{out} holds a trained model (published by train_reader.py)")
+    assert open(os.path.join(out, "model.safetensors"), "rb").read() == before
+    run_script("train_reader.py", *tiny_reader(tiny_bert_dir, out, "--max_train_steps", 1, "--overwrite_output_dir"))
+    assert json.load(open(os.path.join(out, "eval_results.json")))["updates"] == 1
+
+
+def test_a_directory_not_written_by_a_run_of_ours_is_refused(tiny_bert_dir, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("my own file")
+    proc = run_script("train_dpr.py", *tiny_dpr(tiny_bert_dir, out, "--max_train_steps", 1), check=False)
+    assert_user_error(proc, f"{out} is not empty and was not written by a run of this project")
+    assert os.listdir(out) == ["notes.txt"]
+
+
+def test_publishing_replaces_the_directory_as_a_whole_and_keeps_the_runs_state(tiny_bert_dir, tmp_path):
+    """An --export_dpr run, then one without it: no dpr_*_encoder/ of the first run stays beside the new encoders;
+    the second run's checkpoints and log are kept."""
+    out = str(tmp_path / "out")
+    run_script("train_dpr.py", *tiny_dpr(tiny_bert_dir, out, "--max_train_steps", 1, "--export_dpr"))
+    assert os.path.isdir(os.path.join(out, "dpr_question_encoder"))
+    run_script("train_dpr.py", *tiny_dpr(tiny_bert_dir, out, "--max_train_steps", 2, "--checkpointing_steps", 2,
+                                          "--overwrite_output_dir"))
+    assert sorted(os.listdir(out)) == sorted([MARKER, "checkpoints", "eval_results.json", "passage_encoder",
+                                              "query_encoder", "rankings.jsonl", "train_log.jsonl"])
+    assert os.listdir(os.path.join(out, "checkpoints")) == ["step_2"] and read_marker(out)["state"] == "published"
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no staging directory left behind
+
+
+def accelerator_and_args(out, **kw):
+    return Accelerator(cpu=True), SimpleNamespace(output_dir=str(out), overwrite_output_dir=False,
+                                                  resume_from_checkpoint=None, **kw)
+
+
+def test_a_failed_publish_leaves_the_old_model_and_a_killed_one_gives_the_checkpoints_back(tmp_path):
+    out = tmp_path / "out"
+    accelerator, args = accelerator_and_args(out)
+    prepare_output_dir(accelerator, args, "train")
+    (out / "checkpoints" / "step_5").mkdir(parents=True)
+    with publish_dir(accelerator, str(out)) as staging:
+        open(os.path.join(staging, "config.json"), "w").write("old")
+    with pytest.raises(RuntimeError):
+        with publish_dir(accelerator, str(out)) as staging:
+            open(os.path.join(staging, "config.json"), "w").write("new")
+            raise RuntimeError("the save failed")
+    assert (out / "config.json").read_text() == "old" and (out / "checkpoints" / "step_5").is_dir()
+    # As a publish killed right after its swap leaves it: the old contents and the checkpoints in the staging sibling.
+    staging = tmp_path / ".out.publishing"
+    (out / "checkpoints").rename(staging / "checkpoints") if staging.is_dir() else None
+    staging.mkdir(exist_ok=True)
+    (out / "checkpoints").rename(staging / "checkpoints")
+    (staging / "config.json").write_text("older")
+    args.resume_from_checkpoint = "latest"
+    prepare_output_dir(accelerator, args, "train")
+    assert (out / "checkpoints" / "step_5").is_dir() and not staging.exists()
+    assert (out / "config.json").read_text() == "old"
+
+
+def test_resuming_from_an_older_checkpoint_keeps_the_later_ones_aside_and_its_own(tiny_bert_dir, tmp_path):
+    """Resumed from step_4 while step_8 and step_12 exist (limit 2): its own step_6 was written, then pruned as
+    the oldest, and 'latest' would have resumed the abandoned run."""
+    out = str(tmp_path / "out")
+    run_script("train_reader.py", *tiny_reader(tiny_bert_dir, out, "--max_train_steps", 12, "--checkpointing_steps", 4,
+                                                "--checkpoints_total_limit", 3))
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_12", "step_4", "step_8"]
+    proc = run_script("train_reader.py", *tiny_reader(tiny_bert_dir, out, "--max_train_steps", 12, "--checkpointing_steps",
+                                                       6, "--checkpoints_total_limit", 2, "--resume_from_checkpoint",
+                                                       os.path.join(out, "checkpoints", "step_4")))
+    assert "abandons the later checkpoints step_8, step_12 of this directory" in proc.stderr
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_12", "step_6", "superseded"]
+    assert sorted(os.listdir(os.path.join(out, "checkpoints", "superseded"))) == ["step_12", "step_8"]
+
+
+def read_log(out):
+    return [json.loads(line) for line in open(os.path.join(out, "train_log.jsonl"))]
+
+
+def test_a_resumed_run_logs_each_update_once_and_keeps_the_starting_metrics(tiny_bert_dir, tmp_path):
+    out = str(tmp_path / "out")
+    args = tiny_reader(tiny_bert_dir, out, "--max_train_steps", 8, "--checkpointing_steps", 4, "--logging_steps", 1,
+                       "--eval_before_training", "true")
+    run_killed_at_checkpoint("train_reader.py", args, out, step=4)
+    with open(os.path.join(out, "train_log.jsonl"), "a") as f:  # as if killed after logging past its checkpoint
+        f.write(json.dumps({"step": 7, "loss": 1.0}) + "\n")
+    run_script("train_reader.py", *args, "--resume_from_checkpoint", "latest")
+    assert [r["step"] for r in read_log(out)] == list(range(1, 9))
+    before = json.load(open(os.path.join(out, "eval_results.json")))["metrics_before_training"]
+    assert before is not None and "f1" in before
+
+
+def test_ctrl_c_is_one_line_that_says_how_to_resume(tiny_bert_dir, tmp_path):
+    out = str(tmp_path / "out")
+    cmd = [sys.executable, os.path.join(ROOT, "train_reader.py"),
+           *map(str, tiny_reader(tiny_bert_dir, out, "--max_train_steps", 400, "--checkpointing_steps", 3))]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not os.path.isdir(os.path.join(out, "checkpoints", "step_3")) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"interrupted at update (\d+); the last checkpoint is step_(\d+); resume with "
+                        r"--resume_from_checkpoint latest", last), last
+    assert not os.path.exists(os.path.join(out, "model.safetensors"))
+
+
+def test_results_are_strict_json(tiny_bert_dir, tmp_path):
+    """A question with no span candidate has null_minus_best = inf: written as null, not as Infinity."""
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+
+    out = str(tmp_path / "out")
+    run_script("train_reader.py", *tiny_reader(tiny_bert_dir, out, "--max_train_steps", 2, "--logging_steps", 1))
+    pred = str(tmp_path / "pred")
+    run_script("train_reader.py", "--model_name_or_path", out, "--do_train", "false", "--predict_file",
+               os.path.join(ROOT, "data/sample/dev.json"), "--output_dir", pred, "--n_best_size", 1)
+    nbest = strict(open(os.path.join(pred, "nbest.json")).read())
+    assert any(entry["null_minus_best"] is None and entry["nbest"] == [] for entry in nbest.values())
+    for name in ("eval_results.json", "null_scores.json", "predictions.json"):
+        strict(open(os.path.join(out, name)).read())
+    for line in open(os.path.join(out, "train_log.jsonl")):
+        strict(line)
