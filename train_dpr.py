@@ -38,7 +38,8 @@ from accelerate.utils import DistributedType
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
-from utils.args import TrainArgs, arg, check_at_least_one, check_max_length, packaged_minilm, parse_args
+from utils.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_max_length, check_model_dir,
+                        packaged_minilm, parse_args)
 from utils.batching import LengthGroupedBatchSampler
 from utils.bi_encoder import BiEncoder, sentence_transformers_defaults
 from utils.dpr_data import evaluation_corpus, load_dpr, load_passages, training_passages, training_windows
@@ -57,9 +58,11 @@ class DPRArgs(TrainArgs):
     passage_model_name_or_path: str = arg(packaged_minilm(), "Passage encoder to start from (default: packaged MiniLM).")
     shared_encoder: bool = arg(False, "One encoder for questions and passages (--query_model_name_or_path).")
     pooling: Optional[Literal["cls", "mean"]] = arg(
-        None, "Default: what a sentence-transformers starting model was trained with, else 'cls' (DPR).")
+        None, "How an encoder's token vectors become one embedding: 'cls' (the first token's, as in DPR) or 'mean' "
+        "(over the real tokens). Default: what a sentence-transformers starting model was trained with, else 'cls'.")
     similarity: Optional[Literal["dot", "cosine"]] = arg(
-        None, "Default: 'cosine' if the starting model normalises its embeddings, else 'dot' (DPR).")
+        None, "Score of a question and a passage: 'dot' (inner product, DPR) or 'cosine' (inner product of "
+        "normalised embeddings). Default: 'cosine' if the starting model normalises its embeddings, else 'dot'.")
     temperature: Optional[float] = arg(None, "Logits = similarity / temperature. Default 0.05 for cosine, 1 for dot.")
     embed_title: bool = arg(True, "Encode passages as the pair (title, text) rather than text alone.")
     train_file: Optional[str] = arg(None, "DPR JSON. Default: the shipped sample (data/sample/dpr_train.json).")
@@ -88,7 +91,10 @@ class DPRArgs(TrainArgs):
     output_dir: str = arg("outputs/dpr", "Where the encoders, metrics, rankings and checkpoints go.")
     learning_rate: float = arg(2e-5, "Peak learning rate of AdamW.")
     num_train_epochs: Optional[float] = arg(None, "Training epochs (default 4 on the shipped sample, 2 otherwise).")
-    metric_for_best_model: str = arg("mrr@10", "Metric (higher is better) for best-model keeping and early stopping.")
+    metric_for_best_model: str = arg(
+        "mrr@10", "Metric for best-model keeping and early stopping: top1, top5, top20, top100, mrr@10 (higher is "
+        "better), mean_rank, in_batch_avg_rank (lower is better) of the dense ranking, or of a hybrid with BM25: "
+        "hybrid_top1, rrf_mrr@10, ...")
     per_device_train_batch_size: int = arg(16, "Questions per micro-batch per process.")
 
     def use_shipped_sample(self) -> None:
@@ -102,6 +108,9 @@ class DPRArgs(TrainArgs):
             self.num_train_epochs = 4.0
 
     def validate(self):
+        check_input_files(self, "train_file", "validation_file", "passages")
+        for name in ("query_model_name_or_path", "passage_model_name_or_path"):
+            check_model_dir(getattr(self, name), name)
         if self.train_file is None:
             self.use_shipped_sample()
         if self.num_train_epochs is None:

@@ -38,12 +38,13 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
-from utils.args import TrainArgs, arg, check_at_least_one, check_max_length, packaged_minilm, parse_args
+from utils.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_max_length, check_model_dir,
+                        packaged_minilm, parse_args)
 from utils.batching import LengthGroupedBatchSampler, pad_batch
 from utils.errors import UserError, exit_on_user_error
 from utils.qa_features import check_tokenizer
-from utils.reader import MODEL_INPUTS, ReaderSettings
-from utils.reader_task import ReaderTask, load_model, prepare_split, tokenize, use_trained_reader
+from utils.reader import MODEL_INPUTS, ReaderSettings, load_qa_model
+from utils.reader_task import ReaderTask, evaluate_or_predict, prepare_split, tokenize
 from utils.runtime import setup
 from utils.squad_data import is_impossible, load_squad, split_by_article
 from utils.training import build_optimizer, run
@@ -88,8 +89,10 @@ class ReaderArgs(TrainArgs):
     num_train_epochs: Optional[float] = arg(None, "Training epochs (fractions allowed; default 8 on the shipped "
                                             "sample, 2 otherwise). Ignored if --max_train_steps is set.")
     per_device_train_batch_size: int = arg(16, "Micro-batch size per process (in windows).")
-    metric_for_best_model: str = arg("f1", "Metric (higher is better) that picks the best model and drives early "
-                                           "stopping.")
+    metric_for_best_model: str = arg(
+        "f1", "Metric that picks the best model and drives early stopping, all higher-is-better: exact, f1, "
+        "HasAns_exact, HasAns_f1, NoAns_exact, NoAns_f1 (at null threshold 0; HasAns/NoAns where the dev set has such "
+        "questions) and, on SQuAD v2 data, the same at the dev-tuned threshold: tuned_exact, tuned_f1, ...")
     group_by_length: bool = arg(True, "Batch windows of similar length together (random order across buckets) to "
                                       "cut padding.")
     preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
@@ -105,6 +108,8 @@ class ReaderArgs(TrainArgs):
             self.num_train_epochs = 8.0
 
     def validate(self):
+        check_input_files(self, "train_file", "validation_file", "predict_file")
+        check_model_dir(self.model_name_or_path, "model_name_or_path")
         recorded = ReaderSettings.load(self.model_name_or_path) or ReaderSettings()
         for name in ("max_seq_length", "doc_stride", "max_query_length", "n_best_size", "max_answer_length"):
             if getattr(self, name) is None:
@@ -186,7 +191,7 @@ def main(argv=None):
     pad_to = args.max_seq_length if args.pad_to_max_length else 8
     collate = lambda rows: pad_batch(rows, tokenizer.pad_token_id, multiple=pad_to)  # noqa: E731
     if not args.do_train:
-        return use_trained_reader(accelerator, args, tokenizer, collate)
+        return evaluate_or_predict(accelerator, args, tokenizer, collate)
     train_examples, dev_examples = load_examples(args)
     with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)
     train_features = tokenize(accelerator, args, tokenizer, train_examples, for_training=True)
@@ -206,7 +211,7 @@ def main(argv=None):
                 "v2 (with unanswerable questions)" if with_no_answer else "v1.1")
 
     # --- model ---------------------------------------------------------------------------------------
-    model = load_model(args)
+    model = load_qa_model(args.model_name_or_path, trained=False)
     optimizer = build_optimizer(model, args, accelerator.device)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
 

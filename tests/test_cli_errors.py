@@ -51,6 +51,18 @@ CASES = {
                              "error: --max_query_length 520 is more than the 512 tokens {model} can take", False),
     "dpr-max-passage-length": ("train_dpr.py", ["--max_passage_length", "100000"],
                                "error: --max_passage_length 100000 is more than the 512 tokens {model} can take", False),
+    # a missing file is what the error names, before any other check (here: the missing --validation_file)
+    "reader-missing-train-file": ("train_reader.py", ["--train_file", "{tmp}/nope.json"],
+                                  "error: --train_file {tmp}/nope.json: no such file", True),
+    "dpr-directory-as-file": ("train_dpr.py", ["--passages", "{tmp}"], "error: --passages {tmp}: is a directory, not a file",
+                              True),
+    "reader-missing-resume-path": ("train_reader.py", ["--resume_from_checkpoint", "{tmp}/ckpt"],
+                                   "error: --resume_from_checkpoint {tmp}/ckpt: no such directory", True),
+    "reader-empty-model-dir": ("train_reader.py", ["--model_name_or_path", "{tmp}/empty"],
+                               "error: --model_name_or_path {tmp}/empty: not a model directory (no config.json)", True),
+    "dpr-empty-model-dir": ("train_dpr.py", ["--passage_model_name_or_path", "{tmp}/empty"],
+                            "error: --passage_model_name_or_path {tmp}/empty: not a model directory (no config.json)",
+                            True),
 }
 
 
@@ -65,6 +77,7 @@ def runs(request, tiny_bert_dir, tmp_path_factory):
         script, extra, _, _ = CASES[case]
         tmp = tmp_path_factory.mktemp(case)
         (tmp / "a_file").write_text("a regular file, not a directory")
+        (tmp / "empty").mkdir()
         out = str(tmp / "out")
         argv = quick_run(script, tiny_bert_dir, out) + [a.format(tmp=tmp) for a in extra]
         started[case] = (pool.submit(run_script, script, *argv, check=False), out, tmp)
@@ -99,11 +112,27 @@ def test_parse_errors_are_one_line_user_errors(argv, expected):
     assert ("did you mean" in expected) == ("did you mean" in str(err.value))
 
 
-def test_help_lists_the_flags(capsys):
+def help_text(cls, capsys) -> str:
     with pytest.raises(SystemExit) as exit_:
-        parse_args(ReaderArgs, ["--help"])
+        parse_args(cls, ["--help"])
     assert exit_.value.code == 0
-    assert "freezing it makes CPU steps ~15% faster" in " ".join(capsys.readouterr().out.split())
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_lists_the_flags(capsys):
+    assert "freezing it makes CPU steps ~15% faster" in help_text(ReaderArgs, capsys)
+
+
+def test_help_says_what_each_flag_does(capsys):
+    from train_dpr import DPRArgs
+
+    reader, dpr = help_text(ReaderArgs, capsys), help_text(DPRArgs, capsys)
+    # the --no_ twin of a boolean flag says what it does, not the positive flag's help with "(default: False)"
+    assert "--no_do_train, --no-do-train Same as --do_train false. --predict_file" in reader
+    assert "--no_embed_title, --no-embed-title Same as --embed_title false. --train_file" in dpr
+    assert "'cls' (the first token's, as in DPR) or 'mean'" in dpr and "'dot' (inner product, DPR)" in dpr
+    assert "exact, f1, HasAns_exact, HasAns_f1, NoAns_exact, NoAns_f1" in reader and "tuned_f1" in reader
+    assert "mean_rank, in_batch_avg_rank (lower is better)" in dpr
 
 
 def test_max_length_limit_comes_from_the_model_and_its_tokenizer(tiny_bert_dir, tokenizer, tmp_path):

@@ -83,3 +83,9 @@ def test_shipped_dpr_sample_is_what_the_converter_makes(tmp_path):
     out = tmp_path / "dev.json"
     convert([f"{SAMPLE}/dev.json", "--out", str(out)])
     assert json.loads(out.read_text()) == json.load(open(f"{SAMPLE}/dpr_dev.json"))
+
+
+def test_converter_creates_the_output_directories(tmp_path):
+    out, corpus = tmp_path / "new" / "dir" / "dpr.json", tmp_path / "other" / "passages.jsonl"
+    convert([f"{SAMPLE}/dev.json", "--out", str(out), "--passages", str(corpus)])
+    assert len(load_dpr(str(out))) == 44 and len(load_passages(str(corpus))) == 6

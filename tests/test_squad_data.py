@@ -64,6 +64,12 @@ def test_impossible_questions_have_no_answers(tmp_path):
      "example q9: duplicate id"),
     (squad([{"id": "q9", "question": "  ", "answers": []}]), "example q9: empty question"),
     ({"data": [{"title": "T"}]}, "missing key 'paragraphs'"),
+    (squad([{"id": "q9", "question": "Who?", "is_impossible": True, "answers": [{"text": "Ada", "answer_start": 0}]}]),
+     "example q9: 'is_impossible' is true but it lists 1 answer(s)"),
+    (squad([{"id": "q9", "question": "Who?", "is_impossible": False, "answers": []}]),
+     "example q9: 'is_impossible' is false but it lists no answers"),
+    (squad([{"id": "q9", "question": "Who?", "is_impossible": "no", "answers": []}]),
+     "example q9: 'is_impossible' should be bool"),
     ([{"id": "r1", "context": "c", "question": "q", "answers": {"text": ["c"], "answer_start": ["0"]}}],
      "example r1: 'answers' needs"),
 ])
@@ -77,6 +83,20 @@ def test_bad_input_is_a_one_line_error_naming_file_and_example(tmp_path, content
 def test_missing_file(tmp_path):
     with pytest.raises(UserError, match="no such file"):
         load_squad(str(tmp_path / "nope.json"))
+    with pytest.raises(UserError, match="is a directory, not a file"):
+        load_squad(str(tmp_path))
+
+
+def test_json_lines_errors_name_the_line_and_json_lines_in_a_json_file_are_read(tmp_path):
+    row = {"id": "x1", "title": "T", "context": "Ada built a loom.", "question": "Who built a loom?",
+           "answers": {"text": ["Ada"], "answer_start": [0]}}
+    lines = [json.dumps({**row, "id": f"x{i}"}) for i in range(5)]
+    assert [e["id"] for e in load_squad(write(tmp_path, "\n".join(lines), "rows.json"))[0]] == [f"x{i}" for i in range(5)]
+    broken = "\n".join(lines[:3] + ['{"id": "x3", "title": "T",'] + lines[4:])
+    for name in ("rows.jsonl", "broken.json"):
+        with pytest.raises(UserError) as err:
+            load_squad(write(tmp_path, broken, name))
+        assert f"{name}: line 4: not valid JSON" in str(err.value)
 
 
 def test_dev_split_is_by_article_without_leakage():

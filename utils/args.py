@@ -11,6 +11,7 @@ runs `validate()`, so a bad combination of flags is a one-line error before anyt
 import argparse
 import dataclasses
 import difflib
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -38,6 +39,25 @@ def arg(default, help: str, **kwargs):
     return field(default=default, metadata={"help": help, **kwargs})
 
 
+def check_input_files(args, *names: str) -> None:
+    """Each of these flags, where given, names a file that exists. Checked before any other check, so that a
+    mistyped path is what the error is about."""
+    for name in names:
+        path = getattr(args, name)
+        if path is None:
+            continue
+        if os.path.isdir(path):
+            raise UserError(f"--{name} {path}: is a directory, not a file")
+        if not os.path.isfile(path):
+            raise UserError(f"--{name} {path}: no such file")
+
+
+def check_model_dir(path: str, flag: str) -> None:
+    """A local directory given as a model must hold one (a hub name is left to the loading that follows)."""
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        raise UserError(f"--{flag} {path}: not a model directory (no config.json)")
+
+
 def check_at_least_one(args, *names: str) -> None:
     """Count flags must be at least 1 where given (None: not given)."""
     for name in names:
@@ -49,7 +69,8 @@ def check_at_least_one(args, *names: str) -> None:
 @dataclass
 class TrainArgs:
     overwrite_output_dir: bool = arg(
-        False, "Start over even if output_dir holds checkpoints of an earlier run (they are deleted)."
+        False, "Use output_dir even if it holds a trained model, checkpoints of an earlier run or files of no run of "
+        "this project: the checkpoints are deleted at the start, everything else when the new model is published."
     )
     # --- precision -------------------------------------------------------------------------------
     mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = arg(
@@ -110,6 +131,11 @@ class TrainArgs:
             raise UserError("--early_stopping_patience needs --eval_steps (early stopping compares evaluations)")
         if self.resume_from_checkpoint is not None and self.overwrite_output_dir:
             raise UserError("--resume_from_checkpoint and --overwrite_output_dir contradict each other")
+        want = self.resume_from_checkpoint
+        if want not in (None, "latest") and not os.path.isfile(os.path.join(want, "loop_state.json")):
+            raise UserError(f"--resume_from_checkpoint {want}: " + (
+                "not a checkpoint directory written by this project (no loop_state.json)" if os.path.isdir(want)
+                else "no such directory"))
 
     @property
     def requested_precision(self) -> Optional[str]:
@@ -127,8 +153,11 @@ def parse_args(cls, argv=None):
         raise UserError(message)
 
     parser.error = error
-    for action in parser._actions:  # argparse %-formats help texts: "~15% faster" made --help crash
-        if action.help and action.help is not argparse.SUPPRESS:
+    for action in parser._actions:
+        if action.option_strings and action.option_strings[0].startswith("--no_"):
+            action.help = f"Same as --{action.dest} false."  # not the positive flag's help "(default: False)"
+            action.default = argparse.SUPPRESS  # the positive flag sets the default; no "(default: ...)" here
+        elif action.help and action.help is not argparse.SUPPRESS:  # argparse %-formats help texts: "15%" crashed
             action.help = action.help.replace("%", "%%")
     args, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     for token in remaining:

@@ -15,7 +15,9 @@ A directory without reader_settings.json (any transformers QA model) gets the de
 threshold-0 rule of transformers' pipeline (`handle_impossible_answer`).
 """
 
+import hashlib
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, fields
 
@@ -23,8 +25,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from utils.batching import pad_batch
+from utils.errors import UserError
 from utils.qa_decoding import apply_null_threshold, decode_predictions
 from utils.qa_features import prepare_eval_features
+
+logger = logging.getLogger("qa-amp")
 
 SETTINGS_FILE = "reader_settings.json"
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -42,6 +47,9 @@ class ReaderSettings:
     # Predict "" when the null score beats the best span by more than this; None (a model trained on SQuAD v1.1
     # data, where every question has an answer) always answers.
     null_threshold: float | None = 0.0
+    # What the threshold was tuned on: {"data": a description, "questions": N, "fingerprint": fingerprint(...)},
+    # so that evaluating on that very data can say its score is an upper bound.
+    null_threshold_tuned_on: dict | None = None
 
     def save(self, directory: str) -> None:
         with open(os.path.join(directory, SETTINGS_FILE), "w") as f:
@@ -56,6 +64,38 @@ class ReaderSettings:
         with open(path) as f:
             saved = json.load(f)
         return cls(**{f.name: saved[f.name] for f in fields(cls) if f.name in saved})
+
+
+def fingerprint(examples: list[dict]) -> str:
+    """A hash of the questions (ids, questions, contexts, answers), whatever file layout they were read from."""
+    rows = [[ex["id"], ex["question"], ex["context"], ex["answers"]["text"]] for ex in examples]
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
+
+
+def load_qa_model(path: str, trained: bool = True):
+    """AutoModelForQuestionAnswering from `path`. `trained`: the checkpoint must hold the question-answering head
+    (a base encoder, or a DPR encoder, would answer with a randomly initialised head). Training starts from
+    any encoder: its new head is expected, and transformers' warning about it is silenced for this load only."""
+    import transformers
+    from transformers import AutoModelForQuestionAnswering
+
+    verbosity = transformers.utils.logging.get_verbosity()
+    if not trained:
+        transformers.utils.logging.set_verbosity_error()
+    try:
+        model, info = AutoModelForQuestionAnswering.from_pretrained(path, output_loading_info=True)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path}: cannot load a QA model ({str(err).splitlines()[0]})") from None
+    finally:
+        transformers.utils.logging.set_verbosity(verbosity)
+    missing = sorted(info["missing_keys"])
+    if missing and trained:
+        raise UserError(f"{path}: not a trained reader: its checkpoint lacks {', '.join(missing[:2])}, so the "
+                        "question-answering head would be random; give a directory written by train_reader.py or "
+                        "another extractive QA model")
+    if missing:
+        logger.info("%s: the question-answering head (%s) starts from random weights", path, ", ".join(missing[:2]))
+    return model
 
 
 def span_logits(model, loader, gather=None) -> tuple[list, list]:
@@ -81,12 +121,12 @@ class Reader:
     """A trained reader loaded once; `answer` takes (question, context) pairs in batches."""
 
     def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64):
-        from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+        from transformers import AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForQuestionAnswering.from_pretrained(model_dir).to(self.device).eval()
-        self.settings = ReaderSettings.load(model_dir) or ReaderSettings()
+        self.model = load_qa_model(model_dir).to(self.device).eval()
+        self.settings = ReaderSettings.load(model_dir) or ReaderSettings()  # none recorded: threshold 0
         self.batch_size = batch_size
 
     def answer(self, pairs) -> list[dict]:

@@ -2,7 +2,7 @@
 
 `ReaderTask` tells `utils.training` how a span-extraction model trains on SQuAD windows (loss over real tokens
 only), evaluates (EM/F1, the no-answer threshold tuned on dev for SQuAD v2), saves (weights, tokenizer and
-reader_settings.json) and reports (predictions.json, null_scores.json). `use_trained_reader` is
+reader_settings.json) and reports (predictions.json, null_scores.json). `evaluate_or_predict` is
 `train_reader.py --do_train false`: a trained reader evaluated or answering questions as it was trained.
 """
 
@@ -14,14 +14,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from transformers import AutoModelForQuestionAnswering
 
 from utils.errors import UserError
 from utils.features_cache import cached_map
 from utils.qa_decoding import apply_null_threshold
 from utils.qa_features import prepare_eval_features, prepare_train_features
 from utils.qa_metrics import best_null_threshold, squad_metrics
-from utils.reader import MODEL_INPUTS, ReaderSettings, decode, span_logits
+from utils.reader import MODEL_INPUTS, ReaderSettings, decode, fingerprint, load_qa_model, span_logits
 from utils.runtime import finish, write_json
 from utils.squad_data import is_impossible, load_squad
 from utils.training import Task, evaluate, load_weights
@@ -55,13 +54,6 @@ def prepare_split(accelerator, args, tokenizer, examples, collate) -> Split:
 
 
 
-def load_model(args):
-    try:
-        return AutoModelForQuestionAnswering.from_pretrained(args.model_name_or_path)
-    except (OSError, ValueError) as err:
-        raise UserError(f"{args.model_name_or_path}: cannot load a QA model ({str(err).splitlines()[0]})") from None
-
-
 class ReaderTask(Task):
     tracker_project = "qa-amp-reader"
     samples_name = "windows"
@@ -72,6 +64,7 @@ class ReaderTask(Task):
         self.accelerator, self.args, self.tokenizer = accelerator, args, tokenizer
         self.dev, self.with_no_answer, self.recorded = dev, with_no_answer, recorded
         self.null_threshold = None  # of the latest evaluation: what the weights saved next answer with
+        self.dev_fingerprint = fingerprint(dev.examples)
 
     @property
     def metric_directions(self) -> dict[str, str]:
@@ -135,8 +128,12 @@ class ReaderTask(Task):
         model.save_pretrained(directory, state_dict=state_dict)
         self.tokenizer.save_pretrained(directory)
         a = self.args
+        tuned_on = None if self.null_threshold is None else {
+            "data": a.validation_file or (f"{a.train_file} (--dev_split {a.dev_split})" if a.dev_split
+                                          else f"{a.dataset_name} validation"),
+            "questions": len(self.dev.examples), "fingerprint": self.dev_fingerprint}
         ReaderSettings(a.max_seq_length, a.doc_stride, a.max_query_length, a.n_best_size, a.max_answer_length,
-                       self.null_threshold).save(directory)
+                       self.null_threshold, tuned_on).save(directory)
 
     def write_outputs(self, directory, result):
         write_json(self.accelerator, os.path.join(directory, "predictions.json"), result["predictions"])
@@ -150,48 +147,74 @@ class ReaderTask(Task):
         load_weights(model, os.path.join(directory, "model.safetensors"))
 
 
-def use_trained_reader(accelerator, args, tokenizer, collate):
-    """--do_train false: evaluate on --validation_file and/or answer --predict_file with the model as it was
-    saved (its recorded threshold; a model without reader_settings.json gets threshold 0, the pipeline's rule)."""
-    recorded = ReaderSettings.load(args.model_name_or_path) or ReaderSettings()
-    model = accelerator.prepare(load_model(args))
+def recorded_threshold_label(settings: ReaderSettings | None, examples: list[dict]) -> str:
+    """What the threshold predictions.json uses is, in words."""
+    if settings is None:
+        return "with no recorded null threshold (no reader_settings.json): threshold 0, transformers' pipeline rule"
+    if settings.null_threshold is None:
+        return "with no null threshold: the model was trained on SQuAD v1.1 data and always answers"
+    tuned = settings.null_threshold_tuned_on or {}
+    source = ("tuned on this very file: an upper bound" if tuned.get("fingerprint") == fingerprint(examples)
+              else f"tuned on {tuned['data']}, {tuned['questions']} questions" if tuned else "recorded")
+    return f"at the model's recorded null threshold ({settings.null_threshold:.3f}, {source})"
+
+
+def evaluate_or_predict(accelerator, args, tokenizer, collate):
+    """--do_train false: evaluate on --validation_file or answer --predict_file with the model as it was saved,
+    with its recorded null threshold (reader_settings.json; a QA model without one gets threshold 0, the
+    pipeline's rule). On SQuAD v1.1 data every question has an answer, so the model always answers there."""
+    settings = ReaderSettings.load(args.model_name_or_path)
+    model = accelerator.prepare(load_qa_model(args.model_name_or_path))
     model.eval()
     if args.validation_file:
         examples, _ = load_squad(args.validation_file)
         examples = examples[: args.max_eval_samples] if args.max_eval_samples else examples
+        unanswerable = sum(is_impossible(ex) for ex in examples)
         split = prepare_split(accelerator, args, tokenizer, examples, collate)
-        task = ReaderTask(accelerator, args, tokenizer, split, any(is_impossible(ex) for ex in examples), recorded)
+        task = ReaderTask(accelerator, args, tokenizer, split, unanswerable > 0,
+                          (settings or ReaderSettings()) if unanswerable else None)
         result = evaluate(task, model)
         m = result["metrics"]
-        accelerator.print(f"{args.validation_file}, {len(examples)} questions\n"
-                          f"  at the model's recorded null threshold ({m['recorded_null_threshold']}): "
-                          f"EM {m['recorded_exact']:.2f} F1 {m['recorded_f1']:.2f} (predictions.json)\n"
-                          f"  at threshold 0: {task.headline(m)} (tuned on this very file: an upper bound)")
+        if unanswerable:
+            label = recorded_threshold_label(settings, examples)
+            lines = [f"{args.validation_file}: {len(examples)} questions, {unanswerable} unanswerable",
+                     f"  {label}: EM {m['recorded_exact']:.2f} F1 {m['recorded_f1']:.2f} (predictions.json)",
+                     f"  at threshold 0: EM {m['exact']:.2f} F1 {m['f1']:.2f} (HasAns F1 {m['HasAns_f1']:.2f}, NoAns "
+                     f"{m['NoAns_f1']:.2f})",
+                     f"  at the threshold tuned on this file ({m['null_threshold']:.3f}, an upper bound): EM "
+                     f"{m['tuned_exact']:.2f} F1 {m['tuned_f1']:.2f}"]
+            note = (f"recorded_*: predictions.json, {label}; exact/f1/HasAns/NoAns: threshold 0; tuned_*: the "
+                    "threshold tuned on this file, an upper bound")
+        else:
+            label = "SQuAD v1.1 data: every question has an answer, so the model always answers"
+            lines = [f"{args.validation_file}: {len(examples)} questions, all answerable",
+                     f"  EM {m['exact']:.2f} F1 {m['f1']:.2f} (predictions.json; {label})"]
+            note = label
+        accelerator.print("\n".join(lines))
         task.write_outputs(args.output_dir, result)
         write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"),
                    {"model": args.model_name_or_path, "file": args.validation_file, "metrics": m,
-                    "note": "recorded_*: the model's own threshold (what predictions.json uses); exact/f1/HasAns/NoAns: "
-                            "threshold 0; tuned_*: threshold tuned on this file, an upper bound"})
+                    "predictions_null_threshold": m.get("recorded_null_threshold"), "note": note})
     if args.predict_file:
         examples, _ = load_squad(args.predict_file, labelled=False)
+        threshold = settings.null_threshold if settings else 0.0
         start = time.perf_counter()
         split = prepare_split(accelerator, args, tokenizer, examples, collate)
-        task = ReaderTask(accelerator, args, tokenizer, split, False, recorded)
+        task = ReaderTask(accelerator, args, tokenizer, split, False, settings)
         with torch.no_grad():
             decoded = task.decode(model, split)
         seconds = time.perf_counter() - start
-        predictions = apply_null_threshold(decoded, recorded.null_threshold)
+        predictions = apply_null_threshold(decoded, threshold)
         write_json(accelerator, os.path.join(args.output_dir, "predictions.json"), predictions)
         write_json(accelerator, os.path.join(args.output_dir, "nbest.json"), {
             i: {"answer": predictions[i], "null_score": d["null_score"], "null_minus_best": d["null_minus_best"],
                 "nbest": d["nbest"]} for i, d in decoded.items()})
         speed = {"questions": len(examples), "windows": len(split.features), "seconds": round(seconds, 2),
-                 "questions_per_second": round(len(examples) / seconds, 2), "null_threshold": recorded.null_threshold,
+                 "questions_per_second": round(len(examples) / seconds, 2), "null_threshold": threshold,
                  "precision": accelerator.mixed_precision, "processes": accelerator.num_processes}
         write_json(accelerator, os.path.join(args.output_dir, "predict_results.json"), speed)
         accelerator.print(f"{args.predict_file}: answered {len(examples)} questions ({len(split.features)} windows) in "
-                          f"{seconds:.1f} s, {speed['questions_per_second']} questions/s; predictions.json and "
-                          f"nbest.json in {args.output_dir}")
+                          f"{seconds:.1f} s, {speed['questions_per_second']} questions/s, "
+                          f"{recorded_threshold_label(settings, [])}; predictions.json and nbest.json in "
+                          f"{args.output_dir}")
     finish(accelerator)
-
-

@@ -21,7 +21,6 @@ import warnings
 import datasets
 import numpy as np
 import torch
-import transformers
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, broadcast_object_list, set_seed
 
@@ -68,9 +67,7 @@ def setup(args) -> Accelerator:
     )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
-    transformers.utils.logging.set_verbosity_error()  # "some weights were newly initialised" is expected here
-    datasets.utils.logging.set_verbosity_error()
-    datasets.disable_progress_bars()
+    datasets.disable_progress_bars()  # one bar per tokenisation pass and cache load: noise, not information
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per saved file is noise
     warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
 
@@ -86,13 +83,14 @@ def setup(args) -> Accelerator:
     keep_freed_memory(accelerator.device)
     set_seed(args.seed)
     prepare_output_dir(accelerator, args, "train" if getattr(args, "do_train", True) else "evaluate")
-    effective = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
-    accelerator.print(
-        f"run: precision={accelerator.mixed_precision} device={accelerator.device.type} "
-        f"distributed={accelerator.distributed_type.value} processes={accelerator.num_processes} "
-        f"batch={args.per_device_train_batch_size}x{args.gradient_accumulation_steps} accumulation"
-        f"x{accelerator.num_processes} processes = {effective} per update, output_dir={args.output_dir}"
-    )
+    n = accelerator.num_processes
+    layout = (f"run: precision={accelerator.mixed_precision} device={accelerator.device.type} "
+              f"distributed={accelerator.distributed_type.value} processes={n}")
+    if getattr(args, "do_train", True):
+        bs, k = args.per_device_train_batch_size, args.gradient_accumulation_steps
+        layout += (f" batch={bs} per process x {k} accumulation step{'s' * (k > 1)} x {n} process{'es' * (n > 1)} "
+                   f"= {bs * k * n} per update")
+    accelerator.print(f"{layout}, output_dir={args.output_dir}")
     return accelerator
 
 
@@ -163,15 +161,11 @@ def list_checkpoints(ckpt_dir: str) -> list[str]:
 
 
 def resolve_resume(args) -> str | None:
-    """Path of the checkpoint to resume from, None to start fresh."""
+    """Path of the checkpoint to resume from, None to start fresh (an explicit path was checked by TrainArgs)."""
     want = args.resume_from_checkpoint
-    if want is None:
-        return None
     if want == "latest":
         found = list_checkpoints(checkpoint_dir(args))
         return found[-1] if found else None
-    if not os.path.isfile(os.path.join(want, "loop_state.json")):
-        raise UserError(f"{want}: not a checkpoint directory written by this project (no loop_state.json)")
     return want
 
 

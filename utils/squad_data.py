@@ -21,16 +21,34 @@ from utils.errors import UserError
 
 
 def read_json(path: str):
-    """A JSON file, or a list of JSON lines for *.jsonl; a missing or malformed file is a UserError."""
+    """A JSON file, or a list of JSON lines: a *.jsonl file, or a .json file that holds one JSON value per line
+    (what datasets' Dataset.to_json writes). A missing, unreadable or malformed file is a UserError that names the
+    file and, for JSON lines, the line."""
+    if os.path.isdir(path):
+        raise UserError(f"{path}: is a directory, not a file")
     if not os.path.isfile(path):
         raise UserError(f"{path}: no such file")
     try:
         with open(path, encoding="utf-8") as f:
-            if path.endswith(".jsonl"):
-                return [json.loads(line) for line in f if line.strip()]
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: not valid JSON ({err})") from None
+            text = f.read()
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot read it ({err.strerror or err})") from None
+    if not path.endswith(".jsonl"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            if err.msg != "Extra data":  # "Extra data": more than one value, i.e. JSON lines in a .json file
+                raise UserError(f"{path}: not valid JSON ({err})") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise UserError(f"{path}: line {number}: not valid JSON ({err.msg}, column {err.colno})") from None
+    return rows
 
 
 def load_squad(path: str, labelled: bool = True) -> tuple[list[dict], int]:
@@ -80,8 +98,13 @@ def _flatten_nested(articles, path, labelled):
                 qid = str(qa.get("id", f"{title}/{p}/{q}")) if isinstance(qa, dict) else f"{title}/{p}/{q}"
                 where = f"example {qid}"
                 question = _require(qa, "question", str, path, where)
-                answers = ([] if qa.get("is_impossible") else _require(qa, "answers", list, path, where) if labelled
-                           else _optional(qa, "answers", [], list, path, where))
+                impossible = _optional(qa, "is_impossible", None, bool, path, where)
+                answers = (_optional(qa, "answers", [], list, path, where) if impossible or not labelled
+                           else _require(qa, "answers", list, path, where))
+                if labelled and impossible is not None and impossible == bool(answers):
+                    raise UserError(f"{path}: {where}: " + (
+                        f"'is_impossible' is true but it lists {len(answers)} answer(s); drop one or the other"
+                        if impossible else "'is_impossible' is false but it lists no answers"))
                 texts, starts = [], []
                 for ans in answers:
                     texts.append(_require(ans, "text", str, path, where))
