@@ -2,8 +2,9 @@
 
 A run marks its output directory with `.qa-amp.json` ({"script", "state"}: "training", "published" or
 "evaluation"). That is how a later run tells its own directories from anybody else's:
-* a directory that holds a published model, or that is not empty and carries no marker (not written by a run of
-  ours), is refused unless --overwrite_output_dir: a second run must not silently replace a finished model;
+* a directory that holds a published model, or that is not empty and carries neither a marker nor checkpoints of
+  ours (not written by a run of ours), is refused unless --overwrite_output_dir: a second run must not silently
+  replace a finished model;
 * one with checkpoints of an unfinished run is refused unless --resume_from_checkpoint or --overwrite_output_dir.
 
 Publishing replaces the directory as a whole. The new model and its outputs are written to a hidden sibling,
@@ -58,11 +59,13 @@ def _refusal(args, mode: str) -> str | None:
     if not os.path.isdir(out) or not os.listdir(out) or args.overwrite_output_dir:
         return None
     marker = read_marker(out)
-    if marker is None:
+    ckpt_dir = os.path.join(out, CHECKPOINTS)
+    checkpoints = os.path.isdir(ckpt_dir) and any(  # a checkpoint copied in, or written before markers existed
+        os.path.isfile(os.path.join(ckpt_dir, n, "loop_state.json")) for n in os.listdir(ckpt_dir))
+    if marker is None and not checkpoints:
         return (f"{out} is not empty and was not written by a run of this project: give a new or empty "
                 "--output_dir, or --overwrite_output_dir to replace its contents")
-    checkpoints = os.path.isdir(os.path.join(out, CHECKPOINTS)) and any(
-        n.startswith("step_") for n in os.listdir(os.path.join(out, CHECKPOINTS)))
+    marker = marker or {}
     if mode == "train" and args.resume_from_checkpoint is None and checkpoints:
         return (f"{out} holds checkpoints of an earlier run; pass --resume_from_checkpoint latest to continue it, "
                 "or --overwrite_output_dir to start over")
