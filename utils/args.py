@@ -87,12 +87,12 @@ class TrainArgs:
     per_device_eval_batch_size: int = arg(64, "Evaluation batch size per process.")
     gradient_accumulation_steps: int = arg(1, "Micro-batches summed into one optimizer update.")
     freeze_word_embeddings: bool = arg(
-        False, "Keep the pretrained word-embedding matrix fixed. It is ~half of a small encoder's parameters "
-        "(MiniLM: 11.7M of 22.7M), updated densely by AdamW every step: freezing it makes CPU steps ~15% faster."
+        False, "Keep the pretrained word-embedding matrix fixed: about half of a small encoder's parameters, which "
+        "AdamW would update densely every step, so each step gets cheaper (docs/AMP.md: by how much)."
     )
     torch_compile: bool = arg(
-        False, "Compile the model with torch.compile (inductor, through Accelerate). Compiling takes minutes on a "
-        "CPU and recompiles for new input shapes: see docs/AMP.md for where it pays off.")
+        False, "Compile the model with torch.compile (inductor, through Accelerate). Compiling takes a while and "
+        "recompiles for new input shapes: see docs/AMP.md for where it pays off.")
     max_grad_norm: float = arg(1.0, "Clip the global gradient norm to this (0 disables clipping).")
     max_train_steps: Optional[int] = arg(None, "Total optimizer updates; overrides --num_train_epochs.")
     max_train_samples: Optional[int] = arg(None, "Train on the first N examples only (quick runs).")
@@ -157,7 +157,7 @@ def parse_args(cls, argv=None):
         if action.option_strings and action.option_strings[0].startswith("--no_"):
             action.help = f"Same as --{action.dest} false."  # not the positive flag's help "(default: False)"
             action.default = argparse.SUPPRESS  # the positive flag sets the default; no "(default: ...)" here
-        elif action.help and action.help is not argparse.SUPPRESS:  # argparse %-formats help texts: "15%" crashed
+        elif action.help and action.help is not argparse.SUPPRESS:  # argparse %-formats help texts: a "%" crashed
             action.help = action.help.replace("%", "%%")
     args, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     for token in remaining:
