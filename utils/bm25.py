@@ -8,11 +8,15 @@ their Snowball (Porter 2) stems, as Lucene/Pyserini's English BM25 does: without
 "driving" (on the shared SQuAD dev set: top-1 79.2 without stems, 79.9 with).
 """
 
+import logging
+
 import bm25s
 import numpy as np
 import Stemmer
 
 from utils.retrieval_metrics import gold_ranks, ranks, retrieval_metrics
+
+logging.getLogger("bm25s").setLevel(logging.INFO)  # bm25s sets its own logger to DEBUG: a line per index built
 
 RRF_K = 60  # reciprocal-rank fusion constant (Cormack et al., 2009): the usual, untuned value
 
