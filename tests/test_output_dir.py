@@ -13,7 +13,6 @@ import pytest
 from accelerate import Accelerator
 
 from conftest import ROOT, assert_user_error, run_killed_at_checkpoint, run_script
-from utils.errors import UserError
 from utils.output_dir import MARKER, prepare_output_dir, publish_dir, read_marker
 
 

@@ -22,7 +22,7 @@ import datasets
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, broadcast_object_list, set_seed
+from accelerate.utils import DistributedType, set_seed
 
 from utils.args import as_config
 from utils.errors import UserError
