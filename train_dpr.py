@@ -4,7 +4,7 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 
   python train_dpr.py
       Offline demo: both encoders start from the packaged MiniLM, trained on the shipped DPR sample
-      (data/sample/dpr_*.json, made from the reader sample by `python -m utils.make_dpr_data`), CPU,
+      (data/sample/dpr_*.json, made from the reader sample by `python -m utils.retriever.make_dpr_data`), CPU,
       about two minutes. Prints top-k accuracy and MRR@10 before and after training.
 
   accelerate launch train_dpr.py --train_file train.json --validation_file dev.json --passages corpus.jsonl \
@@ -18,14 +18,13 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       --shared_encoder --per_device_train_batch_size 32 --learning_rate 5e-5 --num_train_epochs 2 \
       --refresh_negatives_every 100 --eval_steps 138 --checkpointing_steps 138 --eval_before_training false \
       --window_sentences 1 --num_hard_negatives 3
-      The real-data result in the README (~13 min on 2 CPU cores): trained and ranked on sentences, dense top-1
-      82.9 (BM25: 79.9 here, 81.4 in the data's README), hybrid with BM25 87.6, at 13 questions/s.
+      The real-data run (docs/RESULTS.md; about 14 minutes on 2 CPU cores): trained and ranked on sentences,
+      expect dense top-1 a little above BM25's (about 80) and the hybrid with BM25 near 87.
 
-Skeleton (same as train_reader.py): setup -> data -> model -> utils.training.run (fit, validate, publish); the
-task itself is utils/dpr_task.py. The output directory holds
-query_encoder/ and passage_encoder/ (each loads in SentenceTransformer(dir) and AutoModel), with
---export_dpr also dpr_question_encoder/ and dpr_context_encoder/, plus eval_results.json, rankings.jsonl
-(per-question top passages) and train_log.jsonl.
+Skeleton (same as train_reader.py): setup -> data -> model -> utils.loop.run (fit, validate, publish); the task
+itself is utils/retriever/task.py. The output directory holds query_encoder/ and passage_encoder/ (each loads in
+SentenceTransformer(dir) and AutoModel), with --export_dpr also dpr_question_encoder/ and dpr_context_encoder/,
+plus eval_results.json, rankings.jsonl (per-question top passages) and train_log.jsonl.
 """
 
 import logging
@@ -38,15 +37,18 @@ from accelerate.utils import DistributedType
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
-from utils.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_max_length, check_model_dir,
-                        packaged_minilm, parse_args)
-from utils.batching import LengthGroupedBatchSampler
-from utils.bi_encoder import BiEncoder, sentence_transformers_defaults
-from utils.dpr_data import evaluation_corpus, load_dpr, load_passages, training_passages, training_windows
-from utils.dpr_task import DPRTask, TrainingData
-from utils.errors import UserError, exit_on_user_error
-from utils.runtime import setup
-from utils.training import build_optimizer, run
+from utils.loop.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_max_length, check_model_dir,
+                             packaged_minilm, parse_args)
+from utils.loop.batching import LengthGroupedBatchSampler
+from utils.loop.errors import UserError, exit_on_user_error
+from utils.loop.optim import build_optimizer
+from utils.loop.process import setup
+from utils.loop.run import run
+from utils.retriever.bi_encoder import BiEncoder, sentence_transformers_defaults
+from utils.retriever.data import evaluation_corpus, load_dpr, load_passages, training_passages
+from utils.retriever.evaluation import RetrievalEvaluation
+from utils.retriever.sentence_windows import training_windows
+from utils.retriever.task import DPRTask, TrainingData
 
 logger = logging.getLogger("qa-amp")
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
@@ -73,7 +75,7 @@ class DPRArgs(TrainArgs):
         0, "Retrieve windows of N consecutive sentences (each encoded with its passage's title), not whole passages: "
         "each question trains against the window of its positive passage that holds its answer, with windows as "
         "negatives, and a passage ranks by its best window (MaxP). 0: one vector per passage (DPR). To index with "
-        "the trained encoder, embed utils.dpr_data.sentence_windows(passages, N).")
+        "the trained encoder, embed utils.retriever.sentence_windows.sentence_windows(passages, N).")
     num_hard_negatives: int = arg(1, "Hard negatives per question (topped up from negative_ctxs, then random).")
     refresh_negatives_every: Optional[int] = arg(
         None, "Every N updates and at each epoch start, re-mine each training question's hard negatives with the "
@@ -193,7 +195,7 @@ def main(argv=None):
     # a refresh changes the negatives, or a resumed run would not see the batches it missed). Under DDP,
     # Accelerate completes the epoch's last round from the epoch's first questions, so every process's batches
     # are full (the shapes gathered across processes match) and no question is left out.
-    batch_sampler = LengthGroupedBatchSampler(data.p.lengths[data.groups].max(1), args.per_device_train_batch_size,
+    batch_sampler = LengthGroupedBatchSampler(data.passage_tokens.lengths[data.question_passages].max(1), args.per_device_train_batch_size,
                                               args.seed, group_by_length=args.group_by_length)
     train_loader = DataLoader(list(range(len(train))), batch_sampler=batch_sampler, collate_fn=torch.tensor,
                               generator=torch.Generator().manual_seed(args.seed))  # see train_reader.py
@@ -211,7 +213,8 @@ def main(argv=None):
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
 
     # --- fit, validate, publish ----------------------------------------------------------------------
-    task = DPRTask(accelerator, args, q_tok, p_tok, train, data, dev, corpus, dev_passages)
+    evaluation = RetrievalEvaluation(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages)
+    task = DPRTask(accelerator, args, q_tok, p_tok, train, data, evaluation)
     run(accelerator, args, task, model, optimizer, train_loader)
 
 

@@ -15,18 +15,17 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       --validation_file ../shared/data/squad/dev.json --mixed_precision bf16 --output_dir outputs/reader-squad \
       --num_train_epochs 3.5 --learning_rate 2e-4 --freeze_word_embeddings true \
       --metric_for_best_model tuned_f1 --eval_steps 308 --checkpointing_steps 308
-      The real-data result in the README: 2-core CPU, bf16, 1,078 updates, dev F1 56.8 at the dev-tuned null
-      threshold recorded in reader_settings.json (53.8 at threshold 0).
+      The real-data run (docs/RESULTS.md): expect dev F1 near 57 at the dev-tuned null threshold that
+      reader_settings.json records, near 54 at threshold 0.
 
   python train_reader.py --model_name_or_path outputs/reader-squad --do_train false \
       --validation_file ../shared/data/squad/dev.json --output_dir outputs/eval   (or --predict_file questions.jsonl)
       Use a trained reader as it was trained (its reader_settings.json: null threshold, windows): EM/F1 at
       the recorded threshold, at 0 and tuned on the file (an upper bound); predictions.json and nbest.json.
 
-Skeleton (same in train_dpr.py): setup -> data -> model -> utils.training.run (fit, validate, publish); the
-task itself is utils/reader_task.py. The output directory ends with the
-model and reader_settings.json (load it with utils.reader.Reader), predictions.json (id -> answer, "" = no
-answer), eval_results.json and train_log.jsonl.
+Skeleton (same in train_dpr.py): setup -> data -> model -> utils.loop.run (fit, validate, publish); the task
+itself is utils/reader/task.py. The output directory ends with the model and reader_settings.json (load it with
+utils.reader.Reader), predictions.json (id -> answer, "" = no answer), eval_results.json and train_log.jsonl.
 """
 
 import logging
@@ -38,16 +37,20 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
-from utils.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_max_length, check_model_dir,
-                        packaged_minilm, parse_args)
-from utils.batching import LengthGroupedBatchSampler, pad_batch
-from utils.errors import UserError, exit_on_user_error
-from utils.qa_features import check_tokenizer
-from utils.reader import MODEL_INPUTS, ReaderSettings, load_qa_model
-from utils.reader_task import ReaderTask, evaluate_or_predict, prepare_split, tokenize
-from utils.runtime import setup
-from utils.squad_data import is_impossible, load_squad, split_by_article
-from utils.training import build_optimizer, run
+from utils.loop.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_max_length, check_model_dir,
+                             packaged_minilm, parse_args)
+from utils.loop.batching import LengthGroupedBatchSampler, pad_batch
+from utils.loop.errors import UserError, exit_on_user_error
+from utils.loop.optim import build_optimizer
+from utils.loop.process import setup
+from utils.loop.run import run
+from utils.reader.decoding import MODEL_INPUTS
+from utils.reader.evaluate_or_predict import evaluate_or_predict
+from utils.reader.squad_data import is_impossible, load_squad, split_by_article
+from utils.reader.task import ReaderTask, prepare_eval_set
+from utils.reader.trained import ReaderSettings, load_qa_model
+from utils.reader.windows import check_tokenizer
+from utils.reader.windows_cache import tokenize_windows
 
 logger = logging.getLogger("qa-amp")
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
@@ -194,7 +197,7 @@ def main(argv=None):
         return evaluate_or_predict(accelerator, args, tokenizer, collate)
     train_examples, dev_examples = load_examples(args)
     with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)
-    train_features = tokenize(accelerator, args, tokenizer, train_examples, for_training=True)
+    train_features = tokenize_windows(accelerator, args, tokenizer, train_examples, for_training=True)
     if len(train_features) == 0:
         raise UserError("no training windows after tokenisation")
     inputs = [c for c in MODEL_INPUTS if c in train_features.column_names]
@@ -205,7 +208,7 @@ def main(argv=None):
                               # Own generator: creating an iterator must not draw from the global RNG, or a
                               # resumed run's dropout masks would differ from an uninterrupted run's.
                               generator=torch.Generator().manual_seed(args.seed))
-    dev = prepare_split(accelerator, args, tokenizer, dev_examples, collate)
+    dev = prepare_eval_set(accelerator, args, tokenizer, dev_examples, collate)
     logger.info("train: %d examples -> %d windows; dev: %d examples -> %d windows; SQuAD %s",
                 len(train_examples), len(train_features), len(dev_examples), len(dev.features),
                 "v2 (with unanswerable questions)" if with_no_answer else "v1.1")

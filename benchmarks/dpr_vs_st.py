@@ -30,7 +30,7 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 
 
 def subset(args) -> list[dict]:
-    from utils.dpr_data import load_dpr
+    from utils.retriever.data import load_dpr
     return load_dpr(args.train_file)[: args.questions]
 
 
@@ -62,12 +62,16 @@ def run_st(args, result_path) -> None:
     import numpy as np
     import torch
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from sentence_transformers.sentence_transformer.training_args import BatchSamplers
 
-    from utils.dpr_data import evaluation_corpus, load_dpr, load_passages, passage_key
-    from utils.retrieval_metrics import gold_ranks, retrieval_metrics
+    from utils.retriever.data import evaluation_corpus, load_dpr, load_passages, passage_key
+    from utils.retriever.ranking import gold_ranks, retrieval_metrics
 
     text = lambda c: f"{c['title']} {c['text']}"  # noqa: E731
     rows = subset(args)
@@ -122,7 +126,7 @@ def main():
     p.add_argument("--st_result", help=argparse.SUPPRESS)  # set on the child process that runs the ST side
     args = p.parse_args()
     if args.model is None:
-        from utils.args import packaged_minilm
+        from utils.loop.args import packaged_minilm
         args.model = packaged_minilm()
     if args.st_result:
         return run_st(args, args.st_result)

@@ -64,7 +64,7 @@ DATA = {"gpu": dict(squad_train=f"{SHARED}/squad/train.json", squad_dev=f"{SHARE
 
 
 def parse_args():
-    from utils.args import packaged_minilm
+    from utils.loop.args import packaged_minilm
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry_run", action="store_true", help="CPU smoke run of the same flow: tiny BERT, shipped sample")
@@ -123,7 +123,7 @@ def count_params(model_dir) -> dict:
     import transformers
     from transformers import AutoModelForQuestionAnswering
 
-    from utils.bi_encoder import BiEncoder
+    from utils.retriever.bi_encoder import BiEncoder
 
     transformers.utils.logging.set_verbosity_error()  # "qa_outputs newly initialised" is expected, as in the scripts
 

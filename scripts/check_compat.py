@@ -144,7 +144,7 @@ def train(out):
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     sys.path.insert(0, ROOT)
-    from utils.args import packaged_minilm
+    from utils.loop.args import packaged_minilm
 
     os.makedirs(out, exist_ok=True)
     env_python = sys.executable

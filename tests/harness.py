@@ -28,8 +28,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import utils.runtime  # noqa: E402
-import utils.training  # noqa: E402
+import utils.loop.optim  # noqa: E402
+import utils.loop.process  # noqa: E402
 
 
 class CPUFp16Accelerator(accelerate.Accelerator):
@@ -57,7 +57,7 @@ def record_training_batches(directory):
     """Wrap BatchSamplerShard (what each process's loader iterates under DDP) to log the training batches."""
     from accelerate.data_loader import BatchSamplerShard
 
-    from utils.batching import LengthGroupedBatchSampler
+    from utils.loop.batching import LengthGroupedBatchSampler
 
     iterate = BatchSamplerShard.__iter__
 
@@ -76,29 +76,30 @@ def record_training_batches(directory):
 
 
 def record_refreshed_negatives(directory):
-    """Wrap DPRTask.refresh_negatives to log, per process, every question's negatives (passage keys) after it."""
-    from utils.dpr_data import passage_key
-    from utils.dpr_task import DPRTask
+    """Wrap DPRTask.refresh_negatives to log, per process, every question's negatives (text keys) after it."""
+    from utils.retriever.data import text_key
+    from utils.retriever.task import DPRTask
 
     refresh = DPRTask.refresh_negatives
 
     def recording(self, model, when):
         refresh(self, model, when)
         os.makedirs(directory, exist_ok=True)
-        negatives = [[passage_key(self.data.passages[j]) for j in row] for row in self.data.groups[:, 1:].tolist()]
+        negatives = [[text_key(self.data.passages[j]) for j in row]
+                     for row in self.data.question_passages[:, 1:].tolist()]
         with open(os.path.join(directory, f"rank{self.accelerator.process_index}.jsonl"), "a") as f:
             f.write(json.dumps({"when": when, "negatives": negatives}) + "\n")
 
     DPRTask.refresh_negatives = recording
 
 
-utils.runtime.Accelerator = CPUFp16Accelerator
+utils.loop.process.Accelerator = CPUFp16Accelerator
 if os.environ.get("RECORD_BATCHES"):
     record_training_batches(os.environ["RECORD_BATCHES"])
 if os.environ.get("RECORD_NEGATIVES"):
     record_refreshed_negatives(os.environ["RECORD_NEGATIVES"])
 if os.environ.get("FP16_CPU_OPTIMIZER"):
-    utils.training.fused_adamw_supported = lambda device: os.environ["FP16_CPU_OPTIMIZER"] == "fused"
+    utils.loop.optim.fused_adamw_supported = lambda device: os.environ["FP16_CPU_OPTIMIZER"] == "fused"
 
 if __name__ == "__main__":
     script = os.path.join(ROOT, sys.argv[1])

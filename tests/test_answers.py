@@ -1,14 +1,15 @@
-"""One answer matcher (utils.answers) for the converter, sentence windows and refreshed negatives: SQuAD-normalised
+"""One answer matcher (utils.retriever.answers) for the converter, sentence windows and refreshed negatives: SQuAD-normalised
 text, whole tokens only, so that one- and two-character answers do not match inside words."""
 
 import json
 
 import numpy as np
 
-from utils.answers import answer_patterns, holds_answer, normalized
-from utils.dpr_data import select_negatives, training_windows
-from utils.make_dpr_data import build
-from utils.squad_data import load_squad
+from utils.reader.squad_data import load_squad
+from utils.retriever.answers import answer_patterns, holds_answer, normalized
+from utils.retriever.make_dpr_data import build
+from utils.retriever.negatives import select_negatives
+from utils.retriever.sentence_windows import training_windows
 
 
 def holds(text, *answers):

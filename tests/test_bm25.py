@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from utils.bm25 import BM25, reciprocal_rank_fusion
-from utils.retrieval_metrics import gold_ranks, ranks
+from utils.retriever.bm25 import BM25
+from utils.retriever.fusion import reciprocal_rank_fusion
+from utils.retriever.ranking import gold_ranks, ranks
 
 CORPUS = [{"title": "Looms", "text": "Ada built a loom in Dunhallow."},
           {"title": "Lighthouses", "text": "The Corran lighthouse was designed by Matilda Reyes."},
@@ -42,7 +43,7 @@ def test_a_question_sharing_no_term_with_the_corpus_is_not_a_hit():
 
 
 def test_convex_fusion_weight_is_tuned_and_cross_fitted_by_hand():
-    from utils.bm25 import convex_fusion, cross_fitted_fusion, tune_dense_weight
+    from utils.retriever.fusion import convex_fusion, cross_fitted_fusion, tune_dense_weight
 
     # q0: dense ranks p0 first, BM25 p1 first; the gold p2 is second in both (normalised: dense [1, 0, .75],
     # lexical [0, 1, .8]), so it wins for dense weights in (0.21, 0.76). q1: its gold p1 wins only for w > 0.53.

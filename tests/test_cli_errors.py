@@ -9,12 +9,12 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import assert_user_error, run_script
 from transformers import AutoTokenizer, RobertaConfig
 
-from conftest import assert_user_error, run_script
 from train_reader import ReaderArgs
-from utils.args import parse_args
-from utils.errors import UserError
+from utils.loop.args import parse_args
+from utils.loop.errors import UserError
 
 
 def quick_run(script, model_dir, out):
@@ -122,7 +122,7 @@ def help_text(cls, capsys) -> str:
 def test_a_percent_sign_in_a_help_text_is_shown_as_written(capsys):
     from dataclasses import dataclass
 
-    from utils.args import TrainArgs, arg
+    from utils.loop.args import TrainArgs, arg
 
     @dataclass
     class Args(TrainArgs):  # argparse %-formats help texts: a bare "%" made --help crash
@@ -147,7 +147,7 @@ def test_help_says_what_each_flag_does(capsys):
 
 
 def test_max_length_limit_comes_from_the_model_and_its_tokenizer(tiny_bert_dir, tokenizer, tmp_path):
-    from utils.args import check_max_length
+    from utils.loop.args import check_max_length
 
     check_max_length(tiny_bert_dir, tokenizer, max_seq_length=512)  # exactly the 512 positions: fine
     with pytest.raises(UserError, match="--max_seq_length 513 is more than the 512 tokens"):

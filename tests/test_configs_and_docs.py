@@ -6,7 +6,6 @@ import os
 
 import pytest
 from accelerate.commands.config.config_args import load_config_from_file
-
 from conftest import ROOT
 
 EXPECTED = {  # file -> (distributed type, processes, mixed precision, cpu)
@@ -56,7 +55,7 @@ def flag_tables(text: str) -> dict[str, list[str]]:
 def test_every_flag_is_in_the_table_of_the_script_that_has_it():
     from train_dpr import DPRArgs
     from train_reader import ReaderArgs
-    from utils.args import TrainArgs
+    from utils.loop.args import TrainArgs
 
     tables = flag_tables(open(f"{ROOT}/README.md").read())
     shared = {f.name for f in dataclasses.fields(TrainArgs)}
@@ -64,3 +63,14 @@ def test_every_flag_is_in_the_table_of_the_script_that_has_it():
             "Reader flags:": {f.name for f in dataclasses.fields(ReaderArgs)} - shared,
             "DPR flags (plus the shared flags above):": {f.name for f in dataclasses.fields(DPRArgs)} - shared}
     assert {intro: sorted(tables.get(intro, [])) for intro in want} == {k: sorted(v) for k, v in want.items()}
+
+
+def test_the_readme_flag_tables_say_what_help_says():
+    """The three tables are generated from the argument dataclasses (scripts/flag_tables.py): a help text changed
+    without the manual fails here."""
+    import subprocess
+    import sys
+
+    generated = subprocess.run([sys.executable, f"{ROOT}/scripts/flag_tables.py"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+    assert generated in open(f"{ROOT}/README.md").read()

@@ -18,9 +18,8 @@ from collections import defaultdict
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import ROOT, run_script
+from safetensors.torch import load_file
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 CPU_DDP = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
@@ -28,7 +27,7 @@ TOL = dict(atol=2e-5, rtol=1e-4)  # float reductions in another order; everythin
 
 
 def run_ddp(script, *args):
-    """2 CPU processes; exit status 0 and no gloo abort at exit in either process (see utils.runtime.finish)."""
+    """2 CPU processes; exit status 0 and no gloo abort at exit in either process (see utils.loop.process.finish)."""
     proc = run_script(script, *args, launcher=TORCHRUN, env=CPU_DDP)
     assert "terminate called" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
     return proc

@@ -3,8 +3,9 @@
 import numpy as np
 import torch
 
-from utils.bi_encoder import BiEncoder
-from utils.dpr_data import Tokenized, select_negatives
+from utils.retriever.bi_encoder import BiEncoder
+from utils.retriever.encoding import Tokenized
+from utils.retriever.negatives import select_negatives
 
 
 def test_tokenized_once_pads_like_the_tokenizer(tokenizer):
@@ -57,7 +58,7 @@ def test_refresh_never_selects_a_positive_or_an_answer_bearing_passage():
 
 
 def test_sentence_windows_keep_the_title_and_their_passage():
-    from utils.dpr_data import sentence_windows
+    from utils.retriever.sentence_windows import sentence_windows
 
     passages = [{"title": "Corran", "text": "The lighthouse is old. It was built in 1871! Who built it? Matilda Reyes."},
                 {"title": "Orrin", "text": "A railway crosses the valley (built by the U.S. Army)."}]
@@ -75,7 +76,8 @@ def test_sentence_windows_keep_the_title_and_their_passage():
 
 
 def test_training_windows_train_on_the_answer_sentence_against_sentences():
-    from utils.dpr_data import passage_key, text_key, training_windows
+    from utils.retriever.data import passage_key, text_key
+    from utils.retriever.sentence_windows import training_windows
 
     gold = {"title": "Corran", "text": "The lighthouse is old. It was built in 1871! Who built it? Matilda Reyes.",
             "passage_id": "p1"}
@@ -103,7 +105,7 @@ def test_training_windows_train_on_the_answer_sentence_against_sentences():
 
 
 def test_a_passage_scores_its_best_window():
-    from utils.dpr_task import passage_scores
+    from utils.retriever.ranking import passage_scores
 
     q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     windows = torch.tensor([[0.2, 0.9], [0.8, 0.1], [0.5, 0.5], [0.1, 0.3], [0.6, 0.0]])
@@ -113,7 +115,7 @@ def test_a_passage_scores_its_best_window():
 
 
 def test_batch_ranks_from_scores_rank_among_the_losss_unmasked_logits():
-    from utils.dpr_loss import batch_ranks, contrastive_scores
+    from utils.retriever.loss import batch_ranks, contrastive_scores
 
     generator = torch.Generator().manual_seed(0)
     q, p = torch.randn(4, 8, generator=generator), torch.randn(8, 8, generator=generator)
@@ -130,9 +132,10 @@ def test_every_window_carries_its_passage_so_masking_and_mining_treat_it_as_that
     the question's own gold paragraph."""
     from types import SimpleNamespace
 
-    from utils.dpr_data import training_passages, training_windows
-    from utils.dpr_loss import contrastive_scores
-    from utils.dpr_task import TrainingData
+    from utils.retriever.data import training_passages
+    from utils.retriever.loss import contrastive_scores
+    from utils.retriever.sentence_windows import training_windows
+    from utils.retriever.task import TrainingData
 
     gold = ctx("g", "The lighthouse is old. It was built in 1871. Matilda Reyes designed it.")
     neg = ctx("n", "A railway crosses the valley. Trains run at noon.")
@@ -155,7 +158,7 @@ def test_every_window_carries_its_passage_so_masking_and_mining_treat_it_as_that
         assert [j for j in range(6) if logits[i, j] == float("-inf")] == [j for j in (0, 2, 4) if j != own]
 
     ranked = np.argsort([0 if c["passage_id"] == "g" else 1 for c in data.passages], kind="stable")[None]
-    refreshed = select_negatives(ranked.repeat(3, 0), train, data.passages, 1, data.groups[:, 1:])
+    refreshed = select_negatives(ranked.repeat(3, 0), train, data.passages, 1, data.question_passages[:, 1:])
     assert all(data.passages[j]["passage_id"] == "n" for j in refreshed.ravel())  # gold sentences ranked first
 
 

@@ -3,13 +3,14 @@
 import json
 
 import pytest
-
 from conftest import SAMPLE
-from utils.answers import answer_patterns, holds_answer, normalized
-from utils.dpr_data import evaluation_corpus, load_dpr, load_passages, passage_key, training_passages
-from utils.errors import UserError
-from utils.make_dpr_data import build, main as convert
-from utils.squad_data import load_squad
+
+from utils.loop.errors import UserError
+from utils.reader.squad_data import load_squad
+from utils.retriever.answers import answer_patterns, holds_answer, normalized
+from utils.retriever.data import evaluation_corpus, load_dpr, load_passages, passage_key, training_passages
+from utils.retriever.make_dpr_data import build
+from utils.retriever.make_dpr_data import main as convert
 
 
 def ctx(pid, text=None):

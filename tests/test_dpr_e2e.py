@@ -5,9 +5,9 @@ import os
 
 import pytest
 import torch
-
 from conftest import SAMPLE, assert_same_weights, assert_user_error, run_killed_at_checkpoint, run_script
-from utils.bi_encoder import BiEncoder, sentence_transformers_defaults
+
+from utils.retriever.bi_encoder import BiEncoder, sentence_transformers_defaults
 
 
 def tiny_args(model_dir, out, *extra):
@@ -60,10 +60,11 @@ def test_training_lowers_the_loss_and_exports_load_with_identical_embeddings(tin
 def test_window_sentences_rank_each_passage_by_its_best_sentence(tiny_bert_dir, tmp_path):
     """Training and refreshes use sentences; the evaluation's dense ranks, recomputed here from the saved encoders:
     every sentence of every corpus passage embedded with its title, a passage scored by its best sentence."""
-    from utils.dpr_data import (evaluation_corpus, load_dpr, load_passages, passage_key, sentence_windows,
-                                training_windows, unique_passages)
-    from utils.retrieval_metrics import gold_ranks
     from transformers import AutoTokenizer
+
+    from utils.retriever.data import evaluation_corpus, load_dpr, load_passages, passage_key, unique_passages
+    from utils.retriever.ranking import gold_ranks
+    from utils.retriever.sentence_windows import sentence_windows, training_windows
 
     out = str(tmp_path / "run")
     proc = run_script("train_dpr.py", *tiny_args(tiny_bert_dir, out, "--max_train_steps", 6, "--learning_rate", 5e-4,

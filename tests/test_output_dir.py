@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 from accelerate import Accelerator
-
 from conftest import ROOT, assert_user_error, run_killed_at_checkpoint, run_script
-from utils.output_dir import MARKER, prepare_output_dir, publish_dir, read_marker
+
+from utils.loop.output_dir import MARKER, prepare_output_dir, publish_dir, read_marker
 
 
 def tiny_reader(model_dir, out, *extra):

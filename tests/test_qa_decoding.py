@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from utils.qa_decoding import apply_null_threshold, decode_predictions
+from utils.reader.decoding import apply_null_threshold, decode_spans
 
 CONTEXT = "Ada built a loom in 1823 at Dunhallow."
 #          0123456789012345678901234567890123456
@@ -19,7 +19,7 @@ def logits(peaks, n=len(OFFSETS)):
 
 def test_best_span_and_null_score():
     start, end = logits({8: 4.0, 0: 1.0}), logits({8: 3.0, 0: 1.5})
-    out = decode_predictions(["q"], ["q"], [OFFSETS], [start], [end], contexts={"q": CONTEXT})["q"]
+    out = decode_spans(["q"], ["q"], [OFFSETS], [start], [end], contexts={"q": CONTEXT})["q"]
     assert out["text"] == "1823" and out["score"] == 7.0
     assert out["null_minus_best"] == 2.5 - 7.0
 
@@ -27,9 +27,9 @@ def test_best_span_and_null_score():
 def test_rejects_reversed_too_long_and_non_context_spans():
     # Highest start is after the highest end, and a question token has the top end logit.
     start, end = logits({9: 5.0, 3: 1.0}), logits({2: 9.0, 4: 4.0, 10: 0.5})
-    out = decode_predictions(["q"], ["q"], [OFFSETS], [start], [end], contexts={"q": CONTEXT})["q"]
+    out = decode_spans(["q"], ["q"], [OFFSETS], [start], [end], contexts={"q": CONTEXT})["q"]
     assert out["text"] == "at Dunhallow."  # 9..10: the best valid pair (3..4 scores 5.0 < 5.5)
-    limited = decode_predictions(["q"], ["q"], [OFFSETS], [start], [end], max_answer_length=1,
+    limited = decode_spans(["q"], ["q"], [OFFSETS], [start], [end], max_answer_length=1,
                                  contexts={"q": CONTEXT})["q"]
     # One-token spans only: start 9 + end 9 = 5 - 5 = 0 beats 4..4 (-1) and 10..10 (-4.5).
     assert limited["text"] == "at"
@@ -38,7 +38,7 @@ def test_rejects_reversed_too_long_and_non_context_spans():
 def test_best_window_wins_and_null_is_the_minimum_over_windows():
     w1 = ([logits({4: 2.0, 0: 3.0})], [logits({4: 2.0, 0: 3.0})])
     w2 = ([logits({6: 5.0, 0: 0.0})], [logits({6: 5.0, 0: 1.0})])
-    out = decode_predictions(["q"], ["q", "q"], [OFFSETS, OFFSETS], w1[0] + w2[0], w1[1] + w2[1],
+    out = decode_spans(["q"], ["q", "q"], [OFFSETS, OFFSETS], w1[0] + w2[0], w1[1] + w2[1],
                              contexts={"q": CONTEXT})["q"]
     assert out["text"] == "loom" and out["null_minus_best"] == 1.0 - 10.0
 

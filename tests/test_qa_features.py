@@ -1,10 +1,10 @@
 """Windows and labels with the real MiniLM fast tokenizer: labelled spans decode back to the answers."""
 
 import pytest
-
-from utils.qa_features import prepare_eval_features, prepare_train_features, truncate_questions
-from utils.squad_data import load_squad
 from conftest import SAMPLE
+
+from utils.reader.squad_data import load_squad
+from utils.reader.windows import prepare_eval_features, prepare_train_features, truncate_questions
 
 
 def columns(examples):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from utils.qa_metrics import best_null_threshold, exact_match, f1_score, normalize_answer, squad_metrics
+from utils.reader.metrics import best_null_threshold, exact_match, f1_score, normalize_answer, squad_metrics
 
 
 def test_normalisation_drops_case_punctuation_articles_and_extra_space():

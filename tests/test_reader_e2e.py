@@ -6,9 +6,8 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import SAMPLE, assert_same_weights, assert_user_error, run_killed_at_checkpoint, run_script
+from safetensors.torch import load_file
 
 
 def tiny_args(model_dir, out, *extra):

@@ -5,8 +5,8 @@ import json
 import os
 
 import pytest
-
 from conftest import SAMPLE, assert_user_error, run_script
+
 from utils.reader import Reader, ReaderSettings
 
 
@@ -110,7 +110,7 @@ def test_predict_needs_no_training_flags_and_refuses_them(trained, tmp_path):
 def test_a_reader_trained_without_unanswerable_questions_always_answers(tmp_path):
     ReaderSettings(null_threshold=None).save(str(tmp_path))
     assert ReaderSettings.load(str(tmp_path)).null_threshold is None
-    from utils.qa_decoding import apply_null_threshold
+    from utils.reader.decoding import apply_null_threshold
 
     assert apply_null_threshold({"a": {"text": "x", "null_minus_best": 99.0}}, None) == {"a": "x"}
 
@@ -188,7 +188,7 @@ def test_library_warnings_are_not_muted_for_the_whole_process(tmp_path):
     from conftest import ROOT
 
     code = ("import sys, transformers; sys.path.insert(0, {root!r}); before = transformers.logging.get_verbosity()\n"
-            "from utils.args import parse_args\nfrom utils.runtime import setup\nfrom train_reader import ReaderArgs\n"
+            "from utils.loop.args import parse_args\nfrom utils.loop.process import setup\nfrom train_reader import ReaderArgs\n"
             "setup(parse_args(ReaderArgs, ['--output_dir', {out!r}]))\n"
             "assert transformers.logging.get_verbosity() == before, transformers.logging.get_verbosity()")
     subprocess.run([sys.executable, "-c", code.format(root=ROOT, out=str(tmp_path / "o"))], check=True)

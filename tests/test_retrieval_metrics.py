@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from utils.retrieval_metrics import count_at_least, gold_ranks, ranks, retrieval_metrics, top_passages
+from utils.retriever.ranking import count_at_least, gold_ranks, ranks, retrieval_metrics, top_passages
 
 
 def test_ranks_topk_mrr_by_hand():

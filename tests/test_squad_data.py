@@ -3,10 +3,10 @@
 import json
 
 import pytest
-
 from conftest import SAMPLE
-from utils.errors import UserError
-from utils.squad_data import load_squad, split_by_article
+
+from utils.loop.errors import UserError
+from utils.reader.squad_data import load_squad, split_by_article
 
 
 def write(tmp_path, obj, name="data.json"):

@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import ROOT
 from transformers import AutoModelForQuestionAnswering
 
-from conftest import ROOT
-from utils.bi_encoder import BiEncoder
-from utils.training import build_optimizer, load_weights
-
+from utils.loop.checkpoints import load_weights
+from utils.loop.optim import build_optimizer
+from utils.retriever.bi_encoder import BiEncoder
 
 CPU = torch.device("cpu")
 
@@ -65,7 +65,7 @@ PROBE = textwrap.dedent("""
     import sys, resource
     sys.path.insert(0, {root!r})
     import torch
-    from utils.runtime import keep_freed_memory
+    from utils.loop.process import keep_freed_memory
     if sys.argv[1] == "tuned":
         keep_freed_memory(torch.device("cpu"))
     def rss_mib():
@@ -113,8 +113,8 @@ def test_grad_cache_under_deepspeed_is_refused():
     from accelerate.utils import DistributedType
 
     from train_dpr import DPRArgs
-    from utils.args import parse_args
-    from utils.errors import UserError
+    from utils.loop.args import parse_args
+    from utils.loop.errors import UserError
 
     args = parse_args(DPRArgs, ["--grad_cache_chunk_size", "4"])
     args.check_distributed(DistributedType.MULTI_GPU)
@@ -125,8 +125,8 @@ def test_grad_cache_under_deepspeed_is_refused():
 def test_best_model_keeping_under_sharded_parameters_is_refused_at_start_up():
     from accelerate.utils import DistributedType
 
-    from utils.errors import UserError
-    from utils.runtime import check_layout
+    from utils.loop.errors import UserError
+    from utils.loop.process import check_layout
 
     args = SimpleNamespace(eval_steps=100)
     check_layout(args, DistributedType.MULTI_GPU, None)
@@ -142,7 +142,7 @@ def test_a_compiled_model_is_saved_under_its_own_weight_names():
     wrote nothing for names it did not know. full_state_dict gives the model's own names."""
     from accelerate import Accelerator
 
-    from utils.runtime import full_state_dict
+    from utils.loop.process import full_state_dict
 
     accelerator = Accelerator(cpu=True)
     compiled = torch.compile(torch.nn.Sequential(torch.nn.Linear(2, 2)))
@@ -151,7 +151,7 @@ def test_a_compiled_model_is_saved_under_its_own_weight_names():
 
 
 def test_best_model_keeping_follows_the_metrics_direction_and_never_keeps_nan():
-    from utils.training import improves
+    from utils.loop.fit import improves
 
     nan = float("nan")
     assert improves(0.5, None, "max") and improves(0.5, 0.4, "max") and not improves(0.4, 0.5, "max")

@@ -1,10 +1,10 @@
-"""Use a trained reader: answer questions as its training run did, with the run's own no-answer threshold.
+"""A trained reader: its settings file, the check that a directory holds one, and the Python API.
 
 A reader trained by train_reader.py saves `reader_settings.json` beside its weights: the windowing and
-span-decoding settings of the run and the null threshold it tuned on its dev set. Everything that answers
-questions reads it and runs the same code: `Reader` (the Python API below), and `train_reader.py --do_train
-false` with `--validation_file` (evaluate) or `--predict_file` (predict), which is also how the run's own
-evaluation decodes (`span_logits` + `decode`).
+span-decoding settings of the run and the null threshold it tuned on its dev set (with a fingerprint of the
+questions it was tuned on). Everything that answers questions reads it and runs the same code: `Reader` (below),
+and `train_reader.py --do_train false` (utils.reader.evaluate_or_predict), which is also how the run's own
+evaluation decodes (utils.reader.decoding).
 
     from utils.reader import Reader
     reader = Reader("outputs/reader")                       # model, tokenizer and reader_settings.json
@@ -24,15 +24,15 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch.utils.data import DataLoader
 
-from utils.batching import pad_batch
-from utils.errors import UserError
-from utils.qa_decoding import apply_null_threshold, decode_predictions
-from utils.qa_features import prepare_eval_features
+from utils.loop.batching import pad_batch
+from utils.loop.errors import UserError
+from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
+from utils.reader.windows import prepare_eval_features
 
 logger = logging.getLogger("qa-amp")
 
+
 SETTINGS_FILE = "reader_settings.json"
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 @dataclass
@@ -98,25 +98,6 @@ def load_qa_model(path: str, trained: bool = True):
     return model
 
 
-def span_logits(model, loader, gather=None) -> tuple[list, list]:
-    """fp32 start and end logits of every window (numpy rows in loader order), whatever precision the forward ran
-    in. `gather` collects them across processes (evaluation under DDP)."""
-    starts, ends = [], []
-    for batch in loader:
-        out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
-        for logits, sink in ((out.start_logits, starts), (out.end_logits, ends)):
-            logits = logits.float()
-            sink.extend((gather(logits) if gather else logits).cpu().numpy())
-    return starts, ends
-
-
-def decode(examples: list[dict], features, starts, ends, settings) -> dict:
-    """{example id: best span, its score, the null score, the n best spans} (see qa_decoding)."""
-    return decode_predictions([ex["id"] for ex in examples], features["example_id"], features["offset_mapping"],
-                              starts, ends, settings.n_best_size, settings.max_answer_length,
-                              {ex["id"]: ex["context"] for ex in examples})
-
-
 class Reader:
     """A trained reader loaded once; `answer` takes (question, context) pairs in batches."""
 
@@ -134,7 +115,7 @@ class Reader:
         "null_minus_best" (what the threshold compares), "start"/"end" (character offsets, None for no answer),
         "nbest" (the best spans with their scores)}."""
         examples = [{"id": str(i), "question": q, "context": c} for i, (q, c) in enumerate(pairs)]
-        decoded = self.decode(examples)
+        decoded = self.spans(examples)
         answers = apply_null_threshold(decoded, self.settings.null_threshold)
         out = []
         for ex in examples:
@@ -145,7 +126,7 @@ class Reader:
         return out
 
     @torch.no_grad()
-    def decode(self, examples: list[dict]) -> dict:
+    def spans(self, examples: list[dict]) -> dict:
         """Windows, forward passes in batches of `batch_size` (padded as in evaluation), span decoding."""
         s = self.settings
         features = prepare_eval_features({k: [ex[k] for ex in examples] for k in ("id", "question", "context")},
@@ -155,4 +136,4 @@ class Reader:
         loader = DataLoader(rows, batch_size=self.batch_size, collate_fn=lambda r: {
             k: v.to(self.device) for k, v in pad_batch(r, self.tokenizer.pad_token_id).items()})
         starts, ends = span_logits(self.model, loader)
-        return decode(examples, features, starts, ends, s)
+        return decode_examples(examples, features, starts, ends, s)

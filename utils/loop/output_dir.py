@@ -27,7 +27,7 @@ from contextlib import contextmanager
 
 from accelerate.utils import broadcast_object_list
 
-from utils.errors import UserError
+from utils.loop.errors import UserError
 
 MARKER = ".qa-amp.json"
 CHECKPOINTS = "checkpoints"

@@ -1,11 +1,11 @@
 """Build DPR training data from any SQuAD-format file.
 
-    python -m utils.make_dpr_data squad.json --out dpr.json --passages passages.jsonl
+    python -m utils.retriever.make_dpr_data squad.json --out dpr.json --passages passages.jsonl
 
 Every paragraph becomes a passage (passage_id "Title#paragraph_index"). Every answerable question
 becomes a DPR example: its own paragraph as the positive, the top BM25 paragraphs (question as the
 query, ranked with the bm25s library) that contain none of its answer strings as hard negatives,
-and random paragraphs without an answer string as negatives (answers matched as in utils.answers: normalised,
+and random paragraphs without an answer string as negatives (answers matched as in utils.retriever.answers: normalised,
 on token boundaries). Unanswerable questions have no
 positive and are left out.
 """
@@ -16,10 +16,10 @@ import os
 import random
 import sys
 
-from utils.answers import answer_patterns, holds_answer, normalized
-from utils.bm25 import BM25
-from utils.errors import UserError, exit_on_user_error
-from utils.squad_data import load_squad
+from utils.loop.errors import UserError, exit_on_user_error
+from utils.reader.squad_data import load_squad
+from utils.retriever.answers import answer_patterns, holds_answer, normalized
+from utils.retriever.bm25 import BM25
 
 
 def build(examples: list[dict], num_hard_negatives: int, num_negatives: int, seed: int):
@@ -57,7 +57,7 @@ def build(examples: list[dict], num_hard_negatives: int, num_negatives: int, see
 
 @exit_on_user_error
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], prog="python -m utils.make_dpr_data")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], prog="python -m utils.retriever.make_dpr_data")
     parser.add_argument("squad_files", nargs="+", help="SQuAD v1.1/v2.0 JSON (or flattened) files")
     parser.add_argument("--out", required=True, help="DPR JSON to write")
     parser.add_argument("--passages", help="also write every paragraph as JSON lines (the retrieval corpus)")

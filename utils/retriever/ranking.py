@@ -1,4 +1,5 @@
-"""Ranks and retrieval metrics: top-k accuracy, MRR@10 and mean rank of the best-ranked gold passage.
+"""Ranks and retrieval metrics: top-k accuracy, MRR@10 and mean rank of the best-ranked gold passage, and MaxP
+(a passage scored by its best sentence window).
 
 One rank rule for every ranking the project reports (dense, BM25, the hybrids, in-batch): a passage's rank is 1 +
 the number of other passages scoring at least as high, so ties count against it (BM25 gives many passages the same
@@ -8,6 +9,7 @@ in fp16 would report top-1 = 100). `count_at_least` is that rule; counts over di
 """
 
 import numpy as np
+import torch
 
 
 def _nan_last(a: np.ndarray) -> np.ndarray:
@@ -56,3 +58,13 @@ def top_passages(scores: np.ndarray, k: int) -> np.ndarray:
     part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     order = np.take_along_axis(scores, part, axis=1).argsort(axis=1, kind="stable")[:, ::-1]
     return np.take_along_axis(part, order, axis=1)
+
+
+def passage_scores(q: torch.Tensor, windows: torch.Tensor, owner: torch.Tensor, count: int) -> torch.Tensor:
+    """Questions x passages: each passage scored by its best window (MaxP, Dai & Callan 2019). With one window per
+    passage (owner = 0..count-1) these are the plain similarities."""
+    scores = q @ windows.T
+    if len(owner) == count:
+        return scores
+    best = torch.full((len(q), count), float("-inf"), dtype=scores.dtype)
+    return best.scatter_reduce_(1, owner.expand(len(q), -1), scores, reduce="amax")

@@ -2,13 +2,13 @@
 converter (hard negatives must hold no answer), sentence windows (the positive is the window that holds one) and
 refreshed negatives (an answer-bearing passage is probably a false negative).
 
-Texts and answers are compared after the SQuAD normalisation (utils.qa_metrics.normalize_answer: lower case,
+Texts and answers are compared after the SQuAD normalisation (utils.reader.metrics.normalize_answer: lower case,
 punctuation and articles removed, whitespace collapsed) and on token boundaries: the answer "V" is in "Henry V
 died" but not in "Vienna". A raw substring test would let a one- or two-character answer ("V", "11", "3%")
 match almost any text. An answer that normalises to nothing (".", "the") matches nothing.
 """
 
-from utils.qa_metrics import normalize_answer
+from utils.reader.metrics import normalize_answer
 
 
 def normalized(text: str) -> str:

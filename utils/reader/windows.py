@@ -7,7 +7,7 @@ not contain the whole answer, and every window of an unanswerable question, is l
 character offsets of context tokens (None elsewhere) so spans decode back to text.
 """
 
-from utils.errors import UserError
+from utils.loop.errors import UserError
 
 
 def check_tokenizer(tokenizer, name: str) -> None:

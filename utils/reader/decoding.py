@@ -1,19 +1,22 @@
-"""Decode start/end logits of all windows of an example into its best answer span (n-best search).
+"""Span decoding: the windows' start/end logits -> each example's best answer span (n-best search), its null score,
+and the SQuAD v2 rule that turns them into an answer or "".
 
-For each example the best non-null span is searched across every window: the top `n_best_size`
-start and end positions of each window are paired, spans outside the context, reversed, or longer
-than `max_answer_length` tokens are dropped, and the highest start+end logit sum wins. The null
-score is the lowest [CLS] start+end logit over the windows (the window most sure there is an
-answer). `null_minus_best` = null score - best span score is what the SQuAD v2 threshold compares:
-predict no answer when it exceeds the threshold (0 by default; tuned on dev by `qa_metrics`).
+For each example the best non-null span is searched across every window: the top `n_best_size` start and end
+positions of each window are paired, spans outside the context, reversed, or longer than `max_answer_length`
+tokens are dropped, and the highest start+end logit sum wins. The null score is the lowest [CLS] start+end logit
+over the windows (the window most sure there is an answer). `null_minus_best` = null score - best span score is
+what the SQuAD v2 threshold compares: predict no answer when it exceeds the threshold (0 by default; tuned on dev
+by utils.reader.metrics).
 """
 
 from collections import defaultdict
 
 import numpy as np
 
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
-def decode_predictions(example_ids, features_example_ids, features_offsets, start_logits, end_logits,
+
+def decode_spans(example_ids, features_example_ids, features_offsets, start_logits, end_logits,
                        n_best_size=20, max_answer_length=30, contexts=None):
     """Return {example_id: {"text", "score", "null_score", "null_minus_best", "nbest"}} for every example id.
 
@@ -58,3 +61,22 @@ def apply_null_threshold(decoded: dict, threshold: float | None) -> dict:
     if threshold is None:
         return {i: d["text"] for i, d in decoded.items()}
     return {i: ("" if d["null_minus_best"] > threshold else d["text"]) for i, d in decoded.items()}
+
+
+def span_logits(model, loader, gather=None) -> tuple[list, list]:
+    """fp32 start and end logits of every window (numpy rows in loader order), whatever precision the forward ran
+    in. `gather` collects them across processes (evaluation under DDP)."""
+    starts, ends = [], []
+    for batch in loader:
+        out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
+        for logits, sink in ((out.start_logits, starts), (out.end_logits, ends)):
+            logits = logits.float()
+            sink.extend((gather(logits) if gather else logits).cpu().numpy())
+    return starts, ends
+
+
+def decode_examples(examples: list[dict], features, starts, ends, settings) -> dict:
+    """{example id: best span, its score, the null score, the n best spans} (see qa_decoding)."""
+    return decode_spans([ex["id"] for ex in examples], features["example_id"], features["offset_mapping"],
+                              starts, ends, settings.n_best_size, settings.max_answer_length,
+                              {ex["id"]: ex["context"] for ex in examples})

@@ -1,10 +1,24 @@
-"""datasets.map over in-memory examples, cached on disk under a key of everything that shapes the output."""
+"""Reader windows tokenised once: datasets.map over in-memory examples, cached on disk under a key of everything
+that shapes the windows (the examples, the tokenizer's vocabulary, the window settings)."""
 
 import hashlib
 import json
 import os
 
 import datasets
+
+from utils.reader.windows import prepare_eval_features, prepare_train_features
+
+datasets.disable_progress_bars()  # one bar per tokenisation pass and cache load: noise, not information
+
+
+def tokenize_windows(accelerator, args, tokenizer, examples, for_training: bool):
+    fn = prepare_train_features if for_training else prepare_eval_features
+    vocab = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+    settings = dict(max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
+                    max_query_length=args.max_query_length)
+    return cached_map(accelerator, examples, fn, dict(tokenizer=tokenizer, **settings), dict(vocab=vocab, **settings),
+                      args.cache_dir, args.preprocessing_num_workers)
 
 
 def cached_map(accelerator, examples: list[dict], fn, fn_kwargs: dict, key_parts: dict, cache_dir: str | None,

@@ -12,43 +12,11 @@ An answer whose `answer_start` is off but whose text occurs in the context is mo
 nearest occurrence and counted (real data has these; see ../shared/data/README.md).
 """
 
-import json
-import os
 import random
 from collections import defaultdict
 
-from utils.errors import UserError
-
-
-def read_json(path: str):
-    """A JSON file, or a list of JSON lines: a *.jsonl file, or a .json file that holds one JSON value per line
-    (what datasets' Dataset.to_json writes). A missing, unreadable or malformed file is a UserError that names the
-    file and, for JSON lines, the line."""
-    if os.path.isdir(path):
-        raise UserError(f"{path}: is a directory, not a file")
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: no such file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except UnicodeDecodeError as err:
-        raise UserError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    except OSError as err:
-        raise UserError(f"{path}: cannot read it ({err.strerror or err})") from None
-    if not path.endswith(".jsonl"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as err:
-            if err.msg != "Extra data":  # "Extra data": more than one value, i.e. JSON lines in a .json file
-                raise UserError(f"{path}: not valid JSON ({err})") from None
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}: line {number}: not valid JSON ({err.msg}, column {err.colno})") from None
-    return rows
+from utils.loop.errors import UserError
+from utils.loop.jsonfiles import read_json
 
 
 def load_squad(path: str, labelled: bool = True) -> tuple[list[dict], int]:

@@ -1,0 +1,44 @@
+"""Print the README's three flag tables from the scripts' argument dataclasses, so the manual says what --help says.
+
+    python scripts/flag_tables.py          # paste over the tables in README.md (tests/test_configs_and_docs.py checks)
+"""
+
+import dataclasses
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from train_dpr import DPRArgs  # noqa: E402
+from train_reader import ReaderArgs  # noqa: E402
+from utils.loop.args import TrainArgs, packaged_minilm  # noqa: E402
+
+INTROS = {"shared": "Shared flags (both scripts):", "reader": "Reader flags:",
+          "dpr": "DPR flags (plus the shared flags above):"}
+
+
+def default(value) -> str:
+    if value is None:
+        return "—"
+    if value == packaged_minilm():
+        return "packaged MiniLM"
+    return str(value)
+
+
+def table(fields) -> str:
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    rows += [f"| `--{f.name}` | {default(f.default)} | {f.metadata['help']} |" for f in fields]
+    return "\n".join(rows)
+
+
+def tables() -> dict[str, str]:
+    """{intro line: its table}, the fields in declaration order."""
+    shared = [f.name for f in dataclasses.fields(TrainArgs)]
+    own = lambda cls: [f for f in dataclasses.fields(cls) if f.name not in shared]  # noqa: E731
+    return {INTROS["shared"]: table(dataclasses.fields(TrainArgs)), INTROS["reader"]: table(own(ReaderArgs)),
+            INTROS["dpr"]: table(own(DPRArgs))}
+
+
+if __name__ == "__main__":
+    print("\n\n".join(f"{intro}\n\n{body}" for intro, body in tables().items()))

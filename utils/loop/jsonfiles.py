@@ -1,0 +1,69 @@
+"""JSON files in and out. Reading: a missing, unreadable or malformed file is a one-line UserError naming the file
+(and, for JSON lines, the line). Writing: strict JSON, which most JSON readers require: Python's json would write
+Infinity and NaN for numbers that are not finite; they are written as null. Files are written to a temporary name
+and renamed into place, so a reader never sees half a file."""
+
+import json
+import math
+import os
+
+import numpy as np
+
+from utils.loop.errors import UserError
+
+
+def read_json(path: str):
+    """A JSON file, or a list of JSON lines: a *.jsonl file, or a .json file that holds one JSON value per line
+    (what datasets' Dataset.to_json writes). A missing, unreadable or malformed file is a UserError that names the
+    file and, for JSON lines, the line."""
+    if os.path.isdir(path):
+        raise UserError(f"{path}: is a directory, not a file")
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot read it ({err.strerror or err})") from None
+    if not path.endswith(".jsonl"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            if err.msg != "Extra data":  # "Extra data": more than one value, i.e. JSON lines in a .json file
+                raise UserError(f"{path}: not valid JSON ({err})") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise UserError(f"{path}: line {number}: not valid JSON ({err.msg}, column {err.colno})") from None
+    return rows
+
+
+def json_safe(obj):
+    """`obj` with every non-finite float (inf, -inf, NaN) as None: what JSON calls null. Python's json would write
+    Infinity and NaN, which most JSON readers reject."""
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def json_line(obj) -> str:
+    return json.dumps(json_safe(obj), allow_nan=False, ensure_ascii=False)
+
+
+def write_json(accelerator, path: str, obj) -> None:
+    """Strict JSON (non-finite numbers as null), written to a temporary file and renamed into place."""
+    if accelerator.is_main_process:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(json_safe(obj), f, indent=1, ensure_ascii=False, allow_nan=False)
+        os.replace(path + ".tmp", path)

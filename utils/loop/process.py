@@ -1,0 +1,134 @@
+"""Process setup and exit: the Accelerator, the checks of what Accelerate would silently get wrong (fp16 on a CPU
+trains in fp32; processes launched without distribution each train alone), CPU memory settings, the model as
+saved (without wrappers), peak memory, and a clean exit of multi-process runs."""
+
+import ctypes
+import logging
+import os
+import resource
+import sys
+import warnings
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType, set_seed
+
+from utils.loop.args import as_config
+from utils.loop.errors import UserError
+from utils.loop.output_dir import prepare_output_dir
+
+logger = logging.getLogger("qa-amp")
+
+
+def keep_freed_memory(device: torch.device) -> None:
+    """On CPU, stop glibc from handing freed memory back to the kernel.
+
+    A training step allocates and frees the same large activation and gradient buffers every time, and their
+    shapes change with each batch's padded length. glibc serves blocks over 32 MiB with fresh mmap()s and trims the
+    heap top after frees, so every step would re-fault the same memory page by page. Serving everything from the
+    heap and never trimming it trades some peak RSS for far fewer page faults (measured: docs/RESULTS.md). CUDA
+    memory has its own caching allocator, so this is CPU-only.
+    """
+    if device.type != "cpu" or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4  # <malloc.h>
+        ok = (libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)
+              and libc.mallopt(m_top_pad, 256 * 2**20))
+    except (OSError, AttributeError):  # not glibc (musl, ...): nothing to tune
+        return
+    if not ok:
+        logger.warning("mallopt refused the CPU memory settings; training runs slower")
+
+
+def setup(args) -> Accelerator:
+    """Create the Accelerator, check the precision is real on this device, seed, and print the run summary."""
+    trackers = {"none": None, "all": "all"}.get(args.report_to, [args.report_to])
+    accelerator = Accelerator(
+        mixed_precision=args.requested_precision,  # None: the launcher's / config's choice
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        log_with=trackers,
+        project_dir=args.output_dir,
+        dynamo_backend="inductor" if args.torch_compile else None,  # None: the launcher's / config's setting
+    )
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
+                        level=logging.INFO if accelerator.is_main_process else logging.ERROR)
+    logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per saved file is noise
+    warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
+
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and accelerator.num_processes == 1:
+        raise UserError(f"{launched} processes were launched but Accelerate is not distributing them (no GPU found), "
+                        "so each would train alone: on CPUs set ACCELERATE_USE_CPU=1 (MULTI_CPU, gloo)")
+    if accelerator.mixed_precision == "fp16" and not accelerator.native_amp \
+            and accelerator.distributed_type != DistributedType.DEEPSPEED:  # DeepSpeed runs its own fp16
+        raise UserError("fp16 mixed precision needs a GPU: on a CPU Accelerate would silently train in fp32. "
+                        "Use --mixed_precision bf16 (CPUs with AVX512-BF16/AMX run it fast) or 'no'.")
+    check_layout(args, accelerator.distributed_type, getattr(accelerator.state.deepspeed_plugin, "zero_stage", None))
+    keep_freed_memory(accelerator.device)
+    set_seed(args.seed)
+    prepare_output_dir(accelerator, args, "train" if getattr(args, "do_train", True) else "evaluate")
+    n = accelerator.num_processes
+    layout = (f"run: precision={accelerator.mixed_precision} device={accelerator.device.type} "
+              f"distributed={accelerator.distributed_type.value} processes={n}")
+    if getattr(args, "do_train", True):
+        bs, k = args.per_device_train_batch_size, args.gradient_accumulation_steps
+        layout += (f" batch={bs} per process x {k} accumulation step{'s' * (k > 1)} x {n} process{'es' * (n > 1)} "
+                   f"= {bs * k * n} per update")
+    accelerator.print(f"{layout}, output_dir={args.output_dir}")
+    return accelerator
+
+
+def check_layout(args, distributed_type, zero_stage) -> None:
+    """Refuse what a hardware layout would break only at the end of a run, after the training time is spent."""
+    if args.eval_steps and (distributed_type == DistributedType.FSDP
+                            or (distributed_type == DistributedType.DEEPSPEED and zero_stage == 3)):
+        # Parameters are sharded (FSDP's flat parameters, ZeRO-3's empty placeholders): the best model's full
+        # weights cannot be loaded back into the unwrapped model, so the run would fail before publishing.
+        raise UserError("--eval_steps keeps the best model, which cannot be restored into FSDP/ZeRO-3 sharded "
+                        "parameters yet: drop --eval_steps (evaluate the saved checkpoints instead) or use DDP/ZeRO-2")
+
+
+def bare_model(accelerator, model):
+    """The model without Accelerate's wrappers (DDP, ...) and without torch.compile's: its weights are named as
+    saved (`_orig_mod.` prefixes would make a strict load of the best model fail)."""
+    return accelerator.unwrap_model(model, keep_torch_compile=False)
+
+
+def full_state_dict(accelerator, model) -> dict:
+    """The whole model's weights on every process (a collective: gathers FSDP/DeepSpeed shards), named as in the
+    uncompiled model: torch.compile's wrapper prefixes every name with `_orig_mod.`, and save_pretrained would
+    silently write nothing for names it does not know."""
+    return {k.replace("_orig_mod.", ""): v for k, v in accelerator.get_state_dict(model).items()}
+
+
+def peak_memory_mb(accelerator) -> float:
+    """Peak memory of this process: CUDA max allocated on a GPU, peak resident set size on a CPU."""
+    if accelerator.device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(accelerator.device) / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux reports KiB
+
+
+def finish(accelerator) -> None:
+    """End of a run: every process reaches this point before trackers close and the process group goes.
+
+    A multi-process run then leaves with os._exit, skipping interpreter finalization: torch's gloo worker
+    threads can drop their last reference to a finished collective's tensor while the main thread finalizes,
+    and that destructor needing the GIL then aborts the process ("terminate called without an active
+    exception"); destroy_process_group does not stop those threads. Everything the run writes is closed before
+    this point; stdout, stderr and logging are flushed here. (The investigation: docs/RESULTS.md, and
+    benchmarks/ddp_soak.py measures it.)
+    """
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    if accelerator.num_processes > 1:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def tracker_config(args) -> dict:
+    """Trackers (TensorBoard hparams) take only scalars and strings."""
+    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in as_config(args).items()}

@@ -1,0 +1,130 @@
+"""The reader as a task of the shared training loop (utils.loop.task): how a span-extraction model trains on SQuAD
+windows (loss over real tokens only), evaluates (EM/F1, the no-answer threshold tuned on dev for SQuAD v2),
+saves (weights, tokenizer and reader_settings.json) and reports (predictions.json, null_scores.json)."""
+
+import os
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from utils.loop.checkpoints import load_weights
+from utils.loop.errors import UserError
+from utils.loop.jsonfiles import write_json
+from utils.loop.task import Task
+from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
+from utils.reader.metrics import best_null_threshold, squad_metrics
+from utils.reader.trained import ReaderSettings, fingerprint
+from utils.reader.windows_cache import tokenize_windows
+
+
+@dataclass
+class EvalSet:
+    """Examples to answer (the dev set, or questions to predict), their windows, and a prepared loader over the
+    windows in order."""
+
+    examples: list[dict]
+    features: object  # datasets.Dataset with example_id and offset_mapping
+    loader: DataLoader
+
+
+def prepare_eval_set(accelerator, args, tokenizer, examples, collate) -> EvalSet:
+    features = tokenize_windows(accelerator, args, tokenizer, examples, for_training=False)
+    if len(features) == 0:
+        raise UserError("no evaluation windows after tokenisation")
+    inputs = [c for c in MODEL_INPUTS if c in features.column_names]
+    loader = DataLoader(features.select_columns(inputs), batch_size=args.per_device_eval_batch_size, collate_fn=collate)
+    return EvalSet(examples, features, accelerator.prepare(loader))
+
+
+class ReaderTask(Task):
+    tracker_project = "qa-amp-reader"
+    samples_name = "windows"
+
+    def __init__(self, accelerator, args, tokenizer, dev: EvalSet, with_no_answer, recorded: ReaderSettings | None = None):
+        """`recorded`: the settings of a trained reader being evaluated as it is; its threshold is then the one
+        predictions use (and `recorded_*` metrics report), next to threshold 0 and the threshold tuned on `dev`."""
+        self.accelerator, self.args, self.tokenizer = accelerator, args, tokenizer
+        self.dev, self.with_no_answer, self.recorded = dev, with_no_answer, recorded
+        self.null_threshold = None  # of the latest evaluation: what the weights saved next answer with
+        self.dev_fingerprint = fingerprint(dev.examples)
+
+    @property
+    def metric_directions(self) -> dict[str, str]:
+        """What `evaluate` reports, from the same functions: squad_metrics' EM/F1 for this dev set (HasAns/NoAns only
+        where such questions exist), then for SQuAD v2 the same at the dev-tuned threshold; all higher-is-better
+        (the question counts and the threshold itself are not choosable)."""
+        refs = {ex["id"]: ex["answers"]["text"] for ex in self.dev.examples}
+        names = [k for k in squad_metrics(refs, dict.fromkeys(refs, "")) if not k.endswith("total")]
+        if self.with_no_answer:
+            names += [f"tuned_{k}" for k in names]
+        return dict.fromkeys(names, "max")
+
+    def compute_loss(self, model, batch):
+        """Mean of the start and end cross-entropies over real tokens only. (transformers' own QA loss also
+        spreads probability over padding, so it would change with each batch's padded width.)"""
+        labels = (batch["start_positions"], batch["end_positions"])
+        out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
+        padding = batch["attention_mask"] == 0
+        return sum(F.cross_entropy(logits.float().masked_fill(padding, -1e4), target)
+                   for logits, target in zip((out.start_logits, out.end_logits), labels)) / 2
+
+    def spans(self, model, eval_set: EvalSet) -> dict:
+        """The same decoding as utils.reader.Reader.spans, with the windows' logits gathered across processes: padded to
+        a common width, without the duplicates that even batching adds."""
+        acc = self.accelerator
+        gather = lambda t: acc.gather_for_metrics(acc.pad_across_processes(t, dim=1, pad_index=-1e4))  # noqa: E731
+        starts, ends = span_logits(model, eval_set.loader, gather)
+        return decode_examples(eval_set.examples, eval_set.features, starts, ends, self.args)
+
+    def evaluate(self, model) -> dict:
+        decoded = self.spans(model, self.dev)
+        refs = {ex["id"]: ex["answers"]["text"] for ex in self.dev.examples}
+        if not self.with_no_answer:  # SQuAD v1.1: every question has an answer, no threshold
+            predictions = apply_null_threshold(decoded, None)
+            metrics = squad_metrics(refs, predictions)
+        else:
+            metrics = squad_metrics(refs, apply_null_threshold(decoded, 0.0))
+            _, threshold = best_null_threshold(refs, {i: d["text"] for i, d in decoded.items()},
+                                               {i: d["null_minus_best"] for i, d in decoded.items()})
+            predictions = apply_null_threshold(decoded, threshold)
+            metrics.update({f"tuned_{k}": v for k, v in squad_metrics(refs, predictions).items() if "total" not in k})
+            metrics["null_threshold"] = threshold
+        if self.recorded is not None:
+            predictions = apply_null_threshold(decoded, self.recorded.null_threshold)
+            metrics.update({f"recorded_{k}": v for k, v in squad_metrics(refs, predictions).items() if "total" not in k})
+            metrics["recorded_null_threshold"] = self.recorded.null_threshold
+        self.null_threshold = metrics.get("null_threshold")
+        return {"metrics": metrics, "predictions": predictions, "decoded": decoded}
+
+    def headline(self, m: dict) -> str:
+        line = f"EM {m['exact']:.2f} F1 {m['f1']:.2f}"
+        if "HasAns_f1" in m and "NoAns_f1" in m:
+            line += (f" (HasAns F1 {m['HasAns_f1']:.2f}, NoAns {m['NoAns_f1']:.2f}); at the dev-tuned null threshold "
+                     f"{m['null_threshold']:.3f}: EM {m['tuned_exact']:.2f} F1 {m['tuned_f1']:.2f}")
+        return line
+
+    def save(self, model, directory, state_dict):
+        """Weights (fp32 master weights; safetensors, transformers 5), tokenizer and reader_settings.json: the
+        windowing and the null threshold of the evaluation that chose these weights (tuned on dev for SQuAD v2,
+        none, i.e. always answer, for v1.1), the one its predictions.json used."""
+        model.save_pretrained(directory, state_dict=state_dict)
+        self.tokenizer.save_pretrained(directory)
+        a = self.args
+        tuned_on = None if self.null_threshold is None else {
+            "data": a.validation_file or (f"{a.train_file} (--dev_split {a.dev_split})" if a.dev_split
+                                          else f"{a.dataset_name} validation"),
+            "questions": len(self.dev.examples), "fingerprint": self.dev_fingerprint}
+        ReaderSettings(a.max_seq_length, a.doc_stride, a.max_query_length, a.n_best_size, a.max_answer_length,
+                       self.null_threshold, tuned_on).save(directory)
+
+    def write_outputs(self, directory, result):
+        write_json(self.accelerator, os.path.join(directory, "predictions.json"), result["predictions"])
+        write_json(self.accelerator, os.path.join(directory, "null_scores.json"),
+                   {i: d["null_minus_best"] for i, d in result["decoded"].items()})
+
+    def summary(self, result):
+        return {"predictions_null_threshold": result["metrics"].get("null_threshold")}
+
+    def load(self, model, directory):
+        load_weights(model, os.path.join(directory, "model.safetensors"))

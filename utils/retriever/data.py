@@ -1,0 +1,127 @@
+"""DPR training data (facebookresearch/DPR and Haystack 1.x layout) and passage corpora.
+
+A DPR file is a JSON list of {"question", "answers", "positive_ctxs", "negative_ctxs", "hard_negative_ctxs"}, each
+ctx {"title", "text", "passage_id"}. A corpus is JSON lines of ctxs. Validation names the file and the question
+(its "id", else its index) in a one-line UserError. A passage is identified by its key (passage_key); a text of
+it (the passage itself, or one of its sentence windows) by its text key.
+"""
+
+import hashlib
+
+import numpy as np
+
+from utils.loop.errors import UserError
+from utils.loop.jsonfiles import read_json
+
+
+def _check_ctx(ctx, path, where):
+    if not isinstance(ctx, dict) or not isinstance(ctx.get("text"), str) or not ctx["text"].strip():
+        raise UserError(f"{path}: {where}: every passage needs a non-empty 'text'")
+    return {"title": str(ctx.get("title") or ""), "text": ctx["text"],
+            "passage_id": str(ctx["passage_id"]) if ctx.get("passage_id") is not None else None}
+
+
+def load_dpr(path: str) -> list[dict]:
+    rows = read_json(path)
+    if isinstance(rows, dict) and "data" in rows:
+        rows = rows["data"]
+    if not isinstance(rows, list):
+        raise UserError(f"{path}: expected a JSON list of DPR questions")
+    if not rows:
+        raise UserError(f"{path}: the dataset is empty")
+    if isinstance(rows[0], dict) and ("paragraphs" in rows[0] or "context" in rows[0]):
+        raise UserError(f"{path}: this is SQuAD-format data, not DPR; convert it with "
+                        "`python -m utils.retriever.make_dpr_data FILE --out dpr.json --passages passages.jsonl`")
+    out = []
+    for i, row in enumerate(rows):
+        where = f"question {row.get('id', f'#{i}') if isinstance(row, dict) else f'#{i}'}"
+        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not row["question"].strip():
+            raise UserError(f"{path}: {where}: missing or empty 'question'")
+        positives = row.get("positive_ctxs")
+        if not isinstance(positives, list) or not positives:
+            raise UserError(f"{path}: {where}: needs at least one entry in 'positive_ctxs'")
+        lists = {}
+        for key in ("positive_ctxs", "hard_negative_ctxs", "negative_ctxs"):
+            value = row.get(key) or []
+            if not isinstance(value, list):
+                raise UserError(f"{path}: {where}: '{key}' should be a list")
+            lists[key] = [_check_ctx(c, path, where) for c in value]
+        out.append({"id": str(row.get("id", i)), "question": row["question"], "answers": row.get("answers", []),
+                    **lists})
+    return out
+
+
+def load_passages(path: str) -> list[dict]:
+    rows = read_json(path)
+    if not isinstance(rows, list) or not rows:
+        raise UserError(f"{path}: expected a non-empty list (JSON lines) of passages")
+    passages = [_check_ctx(r, path, f"passage #{i}") for i, r in enumerate(rows)]
+    for i, p in enumerate(passages):
+        if p["passage_id"] is None:
+            raise UserError(f"{path}: passage #{i}: missing 'passage_id'")
+    return passages
+
+
+def passage_key(ctx: dict) -> str:
+    """The passage a text belongs to: its passage_id, else its text; a sentence window carries its passage's key.
+    What duplicate masking and the negatives' positive filter compare: the other windows of a question's gold
+    paragraph are that paragraph, not negatives of it."""
+    if "passage_key" in ctx:
+        return ctx["passage_key"]
+    return ctx["passage_id"] if ctx.get("passage_id") is not None else "text:" + ctx["text"]
+
+
+def text_key(ctx: dict) -> str:
+    """Identity of one text: a passage's key, for a window its passage's key and its place ("key#k")."""
+    return passage_key(ctx) + (f"#{ctx['window']}" if "window" in ctx else "")
+
+
+def key_hash(key: str) -> int:
+    """Stable signed 64-bit hash of a passage key, so keys can travel in tensors across processes."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def training_passages(questions: list[dict], num_hard_negatives: int, seed: int) -> list[list[dict]]:
+    """For each question: its first positive, then `num_hard_negatives` negatives: the top hard negatives,
+    topped up from `negative_ctxs`, then (if still short) from other questions' positives. Fixed per question
+    (a pure function of the data and seed), so every batch has the same shape on every process and a resumed
+    run sees the same passages."""
+    rng = np.random.default_rng(seed)
+    pool = [q["positive_ctxs"][0] for q in questions]
+    out = []
+    for q in questions:
+        gold = {passage_key(c) for c in q["positive_ctxs"]}
+        negatives = [c for c in q["hard_negative_ctxs"] + q["negative_ctxs"] if passage_key(c) not in gold]
+        negatives = negatives[:num_hard_negatives]
+        tries = 0
+        while len(negatives) < num_hard_negatives and tries < 100:
+            tries += 1
+            c = pool[int(rng.integers(len(pool)))]
+            if passage_key(c) not in gold and c not in negatives:
+                negatives.append(c)
+        if len(negatives) < num_hard_negatives:
+            raise UserError(f"question {q['id']}: cannot find {num_hard_negatives} negatives; lower --num_hard_negatives")
+        out.append([q["positive_ctxs"][0]] + negatives)
+    return out
+
+
+def unique_passages(ctxs) -> list[dict]:
+    """The texts in order of first appearance, one per text_key (a passage, or one window of it)."""
+    first = {}
+    for c in ctxs:
+        first.setdefault(text_key(c), c)
+    return list(first.values())
+
+
+def evaluation_corpus(dev: list[dict], passages: list[dict] | None) -> tuple[list[dict], int]:
+    """The passages to rank: the --passages corpus plus any gold passage missing from it (counted), or,
+    without a corpus, every distinct context in the dev file."""
+    corpus, added = unique_passages(passages or []), 0
+    seen = {passage_key(c) for c in corpus}
+    for q in dev:
+        for c in q["positive_ctxs"] + ([] if passages else q["hard_negative_ctxs"] + q["negative_ctxs"]):
+            if passage_key(c) not in seen:
+                seen.add(passage_key(c))
+                corpus.append(c)
+                added += passages is not None
+    return corpus, added

@@ -1,0 +1,209 @@
+"""The DPR retriever as a task of the shared training loop (utils.loop.task). One training step, top to bottom:
+
+1. `model_inputs`: the loader yields question indices; `TrainingData.batch` turns them into the tokenised questions,
+   their passages laid out question by question ([positive, negatives...] each) and the passages' keys;
+2. `compute_loss`: the bi-encoder embeds both sides (utils.retriever.bi_encoder) and `global_loss`
+   (utils.retriever.loss) scores every question against every passage of the global batch, gathered across
+   processes, duplicates of each positive masked;
+3. `train_step`: with --grad_cache_chunk_size the same step in chunks (utils.loop.grad_cache).
+
+Around it: negatives refreshed by the model being trained (ANCE-style, at epoch starts and every N updates), the
+evaluation (utils.retriever.evaluation) and the outputs (sentence-transformers and transformers DPR directories,
+rankings.jsonl).
+"""
+
+import json
+import logging
+import os
+import time
+
+import numpy as np
+import torch
+from accelerate.utils import broadcast, send_to_device
+
+from utils.loop.checkpoints import load_weights
+from utils.loop.grad_cache import grad_cache_step
+from utils.loop.task import Task
+from utils.retriever.answers import normalized
+from utils.retriever.data import key_hash, passage_key, text_key, unique_passages
+from utils.retriever.encoding import encode, encoding_loader, tokenize_passages, tokenize_questions
+from utils.retriever.evaluation import RetrievalEvaluation
+from utils.retriever.exports import encoder_state, export_dpr, save_sentence_transformers_dir
+from utils.retriever.loss import global_loss
+from utils.retriever.negatives import select_negatives
+from utils.retriever.ranking import retrieval_metrics
+
+logger = logging.getLogger("qa-amp")
+
+
+class TrainingData:
+    """The training questions and the passages they train against, tokenised once. `question_passages[i]` is question i's
+    [positive, negatives...] as indices into `passages`. A refresh replaces the negatives; they are checkpointed
+    (state_dict), so a resumed run trains on exactly the negatives the interrupted one had. With `mining`, the
+    passages also include every other passage of the train file: the corpus refreshed negatives come from."""
+
+    def __init__(self, questions, groups, q_tok, p_tok, args, mining: bool):
+        ctxs = [c for g in groups for c in g]
+        if mining:
+            ctxs += [c for q in questions for c in q["positive_ctxs"] + q["hard_negative_ctxs"] + q["negative_ctxs"]]
+        self.passages = unique_passages(ctxs)
+        index = {text_key(c): i for i, c in enumerate(self.passages)}
+        self.question_passages = np.array([[index[text_key(c)] for c in g] for g in groups], dtype=np.int64)
+        # Masking compares passages, not texts: a window is a duplicate of every other window of its passage.
+        self.keys = torch.tensor([key_hash(passage_key(c)) for c in self.passages], dtype=torch.long)
+        self.normalized_texts = [normalized(c["text"]) for c in self.passages] if mining else None
+        self.question_tokens = tokenize_questions(q_tok, [q["question"] for q in questions], args)
+        self.passage_tokens = tokenize_passages(p_tok, self.passages, args)
+        self.q_pad, self.p_pad = q_tok.pad_token_id, p_tok.pad_token_id
+        self.refreshes = []  # {"when", "changed", "seconds"} per refresh: a record for eval_results.json
+
+    def batch(self, question_indices) -> dict:
+        """Tokenised questions, their passages laid out question by question, and the passages' keys. Built when
+        the batch is trained on (not when the loader prefetches it), so a refresh applies from the next batch."""
+        rows = self.question_passages[question_indices].reshape(-1)
+        return {"query": self.question_tokens.batch(question_indices, self.q_pad),
+                "passage": self.passage_tokens.batch(rows, self.p_pad),
+                "passage_keys": self.keys[rows]}
+
+    def tokens(self, question_indices) -> int:
+        return int(self.question_tokens.lengths[question_indices].sum()
+                   + self.passage_tokens.lengths[self.question_passages[question_indices]].sum())
+
+    def state_dict(self):
+        return {"negatives": torch.from_numpy(self.question_passages[:, 1:].copy()), "refreshes": self.refreshes}
+
+    def load_state_dict(self, state):
+        self.question_passages[:, 1:] = state["negatives"].numpy()
+        self.refreshes = state["refreshes"]
+
+
+class DPRTask(Task):
+    tracker_project = "qa-amp-dpr"
+    samples_name = "questions"
+
+    def __init__(self, accelerator, args, q_tok, p_tok, train, data: TrainingData, evaluation: RetrievalEvaluation):
+        self.accelerator, self.args, self.q_tok, self.p_tok = accelerator, args, q_tok, p_tok
+        self.train, self.data, self.evaluation = train, data, evaluation
+        if args.refresh_negatives_every:  # the training questions and passages (windows already), to mine from
+            bs = args.per_device_eval_batch_size
+            self.train_passage_loader = encoding_loader(accelerator, data.passage_tokens, "passage", data.p_pad, bs)
+            self.train_question_loader = encoding_loader(accelerator, data.question_tokens, "query", data.q_pad, bs)
+
+    @property
+    def metric_directions(self) -> dict[str, str]:
+        """Top-k and MRR@10 higher-is-better, mean ranks lower-is-better, dense and both hybrids. BM25's metrics
+        never move and the hybrid's tuned weight is a setting: not choosable."""
+        dense = {n: "min" if n == "mean_rank" else "max" for n in retrieval_metrics(np.ones(1, dtype=np.int64))}
+        return {**dense, "in_batch_avg_rank": "min",
+                **{f"{kind}_{n}": d for kind in ("hybrid", "rrf") for n, d in dense.items()}}
+
+    @staticmethod
+    def samples_in(batch):
+        return len(batch)  # the loader yields question indices
+
+    def tokens_in(self, batch):
+        return self.data.tokens(batch.cpu().numpy())
+
+    def checkpoint_objects(self) -> list:
+        return [self.data] if self.args.refresh_negatives_every else []
+
+    def model_inputs(self, batch):
+        return send_to_device(self.data.batch(batch.cpu().numpy()), self.accelerator.device)
+
+    def compute_loss(self, model, batch):
+        q, p = model(query=batch["query"], passage=batch["passage"])
+        return self._loss(q, p, batch["passage_keys"])
+
+    def _loss(self, q, p, passage_keys):
+        """(loss to backpropagate, loss to log): the global-batch loss, scaled by the world size for DDP's
+        gradient average (utils.retriever.loss.global_loss)."""
+        loss, for_backward = global_loss(q, p, passage_keys, self.args.temperature)
+        return for_backward, loss
+
+    def train_step(self, accelerator, model, batch, weight=1.0):
+        if not self.args.grad_cache_chunk_size:
+            return super().train_step(accelerator, model, batch, weight)
+        # GradCache: the same step in chunks of --grad_cache_chunk_size questions (with their passages).
+        batch = self.model_inputs(batch)
+        n_q, size = len(batch["query"]["input_ids"]), self.args.grad_cache_chunk_size
+        per_question = len(batch["passage"]["input_ids"]) // n_q
+        take = lambda inputs, a, b: {k: v[a:b] for k, v in inputs.items()}  # noqa: E731
+        chunks = [{"query": take(batch["query"], s, s + size),
+                   "passage": take(batch["passage"], s * per_question, (s + size) * per_question)}
+                  for s in range(0, n_q, size)]
+        return grad_cache_step(accelerator, model, chunks, lambda m, chunk: m(**chunk),
+                               lambda q, p: self._loss(q, p, batch["passage_keys"]), weight)
+
+    # --- refreshed hard negatives (ANCE-style) ---
+
+    def start_epoch(self, model, epoch: int) -> None:
+        if self.args.refresh_negatives_every:
+            self.refresh_negatives(model, f"epoch {epoch} start")
+
+    def after_update(self, model, step: int) -> None:
+        if self.args.refresh_negatives_every and step % self.args.refresh_negatives_every == 0:
+            self.refresh_negatives(model, f"update {step}")
+
+    def refresh_negatives(self, model, when: str) -> None:
+        """Re-mine every training question's hard negatives with the model being trained: encode the training
+        passages and questions (sharded across processes, as evaluation encodes its corpus), rank, and keep the
+        best-ranked passages that are neither a positive nor answer-bearing (utils.retriever.negatives).
+        Ranked on the main process and broadcast, so every process trains on the same negatives."""
+        t0 = time.perf_counter()
+        model.eval()
+        with torch.no_grad():
+            p = encode(self.accelerator, model, self.train_passage_loader, "passage", len(self.data.passage_tokens))
+            q = encode(self.accelerator, model, self.train_question_loader, "query", len(self.data.question_tokens))
+        old = self.data.question_passages[:, 1:].copy()
+        new = torch.from_numpy(old)
+        if self.accelerator.is_main_process:
+            depth = min(len(p), 4 * old.shape[1] + 50)  # deep enough to skip positives and false negatives
+            ranked = torch.cat([(q[s:s + 1024] @ p.T).topk(depth, dim=1).indices for s in range(0, len(q), 1024)])
+            new = torch.from_numpy(select_negatives(ranked.numpy(), self.train, self.data.passages, old.shape[1], old,
+                                                    self.data.normalized_texts))
+        new = broadcast(new.to(self.accelerator.device), from_process=0).cpu().numpy()
+        self.data.question_passages[:, 1:] = new
+        changed = int(sum(len(set(n) - set(o)) for n, o in zip(new.tolist(), old.tolist())))
+        seconds = round(time.perf_counter() - t0, 1)
+        logger.info("refreshed hard negatives (%s): %d of %d changed; %d passages encoded (%.1f MiB of embeddings), "
+                    "%.1f s", when, changed, old.size, len(p), p.numel() * p.element_size() / 2**20, seconds)
+        self.data.refreshes.append({"when": when, "changed": changed, "of": int(old.size), "seconds": seconds})
+        self.accelerator.log({"train/negatives_changed": changed})
+
+    # --- evaluation, saving ---
+
+    def evaluate(self, model) -> dict:
+        return self.evaluation(model)
+
+    def headline(self, m: dict) -> str:
+        return (f"top1 {m['top1']:.1f} top5 {m['top5']:.1f} top20 {m['top20']:.1f} MRR@10 {m['mrr@10']:.3f} "
+                f"mean rank {m['mean_rank']:.1f} in-batch avg rank {m['in_batch_avg_rank']:.2f} | BM25 top1 "
+                f"{m['bm25_top1']:.1f} MRR@10 {m['bm25_mrr@10']:.3f} | hybrid (dense weight "
+                f"{m['hybrid_dense_weight']:.2f}) top1 {m['hybrid_top1']:.1f} MRR@10 {m['hybrid_mrr@10']:.3f} | RRF top1 "
+                f"{m['rrf_top1']:.1f}")
+
+    def write_outputs(self, directory, result):
+        with open(os.path.join(directory, "rankings.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in result["rankings"])
+
+    def summary(self, result):
+        out = {"pooling": self.args.pooling, "similarity": self.args.similarity, "temperature": self.args.temperature,
+               "window_sentences": self.args.window_sentences, "corpus_passages": len(self.evaluation.corpus)}
+        if self.args.refresh_negatives_every:
+            out["negatives_refreshed"] = self.data.refreshes
+        return out
+
+    def save(self, model, directory, state_dict):
+        for side, tok in (("query", self.q_tok), ("passage", self.p_tok)):
+            max_len = self.args.max_query_length if side == "query" else self.args.max_passage_length
+            save_sentence_transformers_dir(model.encoder(side), encoder_state(model, state_dict, side), tok,
+                                           os.path.join(directory, f"{side}_encoder"), self.args.pooling,
+                                           self.args.similarity == "cosine", max_len)
+            if self.args.export_dpr:
+                export_dpr(model.encoder(side), encoder_state(model, state_dict, side), tok,
+                           os.path.join(directory, "dpr_question_encoder" if side == "query" else "dpr_context_encoder"),
+                           side)
+
+    def load(self, model, directory):
+        for side in ("query", "passage"):
+            load_weights(model.encoder(side), os.path.join(directory, f"{side}_encoder", "model.safetensors"))
