@@ -35,18 +35,20 @@ from typing import Literal, Optional
 import torch
 from accelerate.utils import DistributedType
 from torch.utils.data import DataLoader
-from transformers import AutoTokenizer
 
-from utils.loop.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_max_length, check_model_dir,
+from utils.loop.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_model_dir,
                              packaged_minilm, parse_args)
 from utils.loop.batching import LengthGroupedBatchSampler
 from utils.loop.errors import UserError, exit_on_user_error
 from utils.loop.optim import build_optimizer
 from utils.loop.process import setup
 from utils.loop.run import run
-from utils.retriever.bi_encoder import BiEncoder, sentence_transformers_defaults
-from utils.retriever.data import evaluation_corpus, load_dpr, load_passages, training_passages
+from utils.retriever.bi_encoder import load_bi_encoder, sentence_transformers_defaults
+from utils.retriever.data import evaluation_data, load_dpr, training_passages
+from utils.retriever.encoding import load_tokenizers
+from utils.retriever.evaluate_only import evaluate_only
 from utils.retriever.evaluation import RetrievalEvaluation
+from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings
 from utils.retriever.sentence_windows import training_windows
 from utils.retriever.task import DPRTask, TrainingData
 
@@ -56,6 +58,10 @@ SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "s
 
 @dataclass
 class DPRArgs(TrainArgs):
+    do_train: bool = arg(True, "Train. With false, only evaluate --model_name_or_path on --validation_file and "
+                         "--passages, ranking as it was trained (its retriever_settings.json).")
+    model_name_or_path: Optional[str] = arg(None, "With --do_train false: a retriever trained by train_dpr.py (its "
+                                            "output directory).")
     query_model_name_or_path: str = arg(packaged_minilm(), "Question encoder to start from (default: packaged MiniLM).")
     passage_model_name_or_path: str = arg(packaged_minilm(), "Passage encoder to start from (default: packaged MiniLM).")
     shared_encoder: bool = arg(False, "One encoder for questions and passages (--query_model_name_or_path).")
@@ -74,8 +80,8 @@ class DPRArgs(TrainArgs):
     window_sentences: int = arg(
         0, "Retrieve windows of N consecutive sentences (each encoded with its passage's title), not whole passages: "
         "each question trains against the window of its positive passage that holds its answer, with windows as "
-        "negatives, and a passage ranks by its best window (MaxP). 0: one vector per passage (DPR). To index with "
-        "the trained encoder, embed utils.retriever.sentence_windows.sentence_windows(passages, N).")
+        "negatives, and a passage ranks by its best window (MaxP). 0: one vector per passage (DPR). Recorded in "
+        "retriever_settings.json: the Retriever API and --do_train false index and rank the same way.")
     num_hard_negatives: int = arg(1, "Hard negatives per question (topped up from negative_ctxs, then random).")
     refresh_negatives_every: Optional[int] = arg(
         None, "Every N updates and at each epoch start, re-mine each training question's hard negatives with the "
@@ -109,11 +115,33 @@ class DPRArgs(TrainArgs):
         if self.num_train_epochs is None:
             self.num_train_epochs = 4.0
 
+    def use_trained_retriever(self) -> None:
+        """--do_train false: the encoders and every ranking setting come from the trained retriever's directory."""
+        if self.train_file:
+            raise UserError("--do_train false only evaluates: drop --train_file")
+        if not self.model_name_or_path or not self.validation_file:
+            raise UserError("--do_train false needs --model_name_or_path (a retriever trained by train_dpr.py) and "
+                            "--validation_file")
+        if os.path.abspath(self.output_dir) == os.path.abspath(self.model_name_or_path):
+            raise UserError("--output_dir is the retriever's directory: give another one, its eval_results.json and "
+                            "rankings.jsonl would be overwritten")
+        recorded = RetrieverSettings.load(self.model_name_or_path)
+        for name in ("pooling", "similarity", "temperature", "shared_encoder", "embed_title", "window_sentences",
+                     "max_query_length", "max_passage_length"):
+            setattr(self, name, getattr(recorded, name))
+        self.query_model_name_or_path = os.path.join(self.model_name_or_path, QUERY_ENCODER)
+        self.passage_model_name_or_path = os.path.join(self.model_name_or_path, PASSAGE_ENCODER)
+
     def validate(self):
         check_input_files(self, "train_file", "validation_file", "passages")
         for name in ("query_model_name_or_path", "passage_model_name_or_path"):
             check_model_dir(getattr(self, name), name)
-        if self.train_file is None:
+        if not self.do_train:
+            self.use_trained_retriever()
+        elif self.model_name_or_path:
+            raise UserError("--model_name_or_path is the trained retriever of --do_train false; to train from an "
+                            "encoder, give --query_model_name_or_path (and --passage_model_name_or_path)")
+        elif self.train_file is None:
             self.use_shipped_sample()
         if self.num_train_epochs is None:
             self.num_train_epochs = 2.0
@@ -160,30 +188,18 @@ def main(argv=None):
                       f"{'shared' if args.shared_encoder else 'separate'} hard_negatives={args.num_hard_negatives}")
 
     # --- data ----------------------------------------------------------------------------------------
-    try:
-        q_tok = AutoTokenizer.from_pretrained(args.query_model_name_or_path)
-        p_tok = q_tok if args.shared_encoder else AutoTokenizer.from_pretrained(args.passage_model_name_or_path)
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot load a tokenizer ({str(err).splitlines()[0]})") from None
-    check_max_length(args.query_model_name_or_path, q_tok, max_query_length=args.max_query_length)
-    check_max_length(args.query_model_name_or_path if args.shared_encoder else args.passage_model_name_or_path, p_tok,
-                     max_passage_length=args.max_passage_length)
+    q_tok, p_tok = load_tokenizers(args)
+    dev, corpus, dev_passages = evaluation_data(args)
+    if not args.do_train:
+        return evaluate_only(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages)
     train = load_dpr(args.train_file)
-    dev = load_dpr(args.validation_file)
     if args.max_train_samples:
         train = train[: args.max_train_samples]
     if args.window_sentences:
         train, whole = training_windows(train, args.window_sentences)
         logger.info("train: positives are the answer-bearing %d-sentence windows (%d questions keep the whole passage: "
                     "no window holds an answer)", args.window_sentences, whole)
-    if args.max_eval_samples:
-        dev = dev[: args.max_eval_samples]
-    corpus, added = evaluation_corpus(dev, load_passages(args.passages) if args.passages else None)
-    if added:
-        logger.warning("%d gold passages of the dev file are not in %s; added them to the ranked corpus", added,
-                       args.passages)
     per_question = training_passages(train, args.num_hard_negatives, args.seed)
-    dev_passages = training_passages(dev, args.num_hard_negatives, args.seed)  # for the in-batch rank
     logger.info("train: %d questions x (1 positive + %d negatives); dev: %d questions; corpus: %d passages",
                 len(train), args.num_hard_negatives, len(dev), len(corpus))
     if len(train) < args.per_device_train_batch_size * accelerator.num_processes:
@@ -195,18 +211,13 @@ def main(argv=None):
     # a refresh changes the negatives, or a resumed run would not see the batches it missed). Under DDP,
     # Accelerate completes the epoch's last round from the epoch's first questions, so every process's batches
     # are full (the shapes gathered across processes match) and no question is left out.
-    batch_sampler = LengthGroupedBatchSampler(data.passage_tokens.lengths[data.question_passages].max(1), args.per_device_train_batch_size,
-                                              args.seed, group_by_length=args.group_by_length)
+    batch_sampler = LengthGroupedBatchSampler(data.passage_tokens.lengths[data.question_passages].max(1),
+                                              args.per_device_train_batch_size, args.seed, args.group_by_length)
     train_loader = DataLoader(list(range(len(train))), batch_sampler=batch_sampler, collate_fn=torch.tensor,
                               generator=torch.Generator().manual_seed(args.seed))  # see train_reader.py
 
     # --- model ---------------------------------------------------------------------------------------
-    try:
-        model = BiEncoder.from_pretrained(args.query_model_name_or_path, args.passage_model_name_or_path,
-                                          args.shared_encoder, args.pooling, args.similarity == "cosine",
-                                          args.length_buckets)
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot load an encoder ({str(err).splitlines()[0]})") from None
+    model = load_bi_encoder(args)
     if args.export_dpr and model.query_encoder.config.model_type != "bert":
         raise UserError(f"--export_dpr needs BERT-architecture encoders (got {model.query_encoder.config.model_type})")
     optimizer = build_optimizer(model, args, accelerator.device)

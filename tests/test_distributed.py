@@ -189,6 +189,9 @@ def test_dpr_ddp_global_negatives_match_single_process(tiny_bert_no_dropout_dir,
 
 
 def test_dpr_refreshed_negatives_are_the_same_on_every_process(tiny_bert_no_dropout_dir, tmp_path, monkeypatch):
+    """Each process searches its half of the training passages and the rankings are merged: every process, and a
+    1-process run, select the same negatives (compared at the first refresh, before any update: afterwards the
+    two runs' weights differ in the last bits)."""
     monkeypatch.setenv("RECORD_NEGATIVES", str(tmp_path / "negatives"))
     out = str(tmp_path / "out")
     proc = run_ddp("tests/harness.py", "train_dpr.py", *dpr_args(tiny_bert_no_dropout_dir, out, 8,
@@ -198,6 +201,11 @@ def test_dpr_refreshed_negatives_are_the_same_on_every_process(tiny_bert_no_drop
     ranks = [[json.loads(line) for line in open(tmp_path / "negatives" / f"rank{r}.jsonl")] for r in (0, 1)]
     assert [r["when"] for r in ranks[0]] == ["epoch 0 start", "update 2"]
     assert ranks[0] == ranks[1]
+    monkeypatch.setenv("RECORD_NEGATIVES", str(tmp_path / "single"))
+    run_script("tests/harness.py", "train_dpr.py", *dpr_args(tiny_bert_no_dropout_dir, str(tmp_path / "one"), 16,
+                                                             "--refresh_negatives_every", 2, "--max_train_steps", 1))
+    single = [json.loads(line) for line in open(tmp_path / "single" / "rank0.jsonl")]
+    assert single[0]["when"] == "epoch 0 start" and single[0]["negatives"] == ranks[0][0]["negatives"]
 
 
 def test_a_crashed_process_ends_the_whole_job(tiny_bert_no_dropout_dir, tmp_path):

@@ -104,16 +104,6 @@ def test_training_windows_train_on_the_answer_sentence_against_sentences():
     assert q["positive_ctxs"] == [gold]  # the caller's questions are left as they were
 
 
-def test_a_passage_scores_its_best_window():
-    from utils.retriever.ranking import passage_scores
-
-    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    windows = torch.tensor([[0.2, 0.9], [0.8, 0.1], [0.5, 0.5], [0.1, 0.3], [0.6, 0.0]])
-    owner = torch.tensor([0, 0, 1, 2, 2])
-    torch.testing.assert_close(passage_scores(q, windows, owner, 3), torch.tensor([[0.8, 0.5, 0.6], [0.9, 0.5, 0.3]]))
-    assert torch.equal(passage_scores(q, windows[:3], torch.arange(3), 3), q @ windows[:3].T)
-
-
 def test_batch_ranks_from_scores_rank_among_the_losss_unmasked_logits():
     from utils.retriever.loss import batch_ranks, contrastive_scores
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from utils.retriever.ranking import count_at_least, gold_ranks, ranks, retrieval_metrics, top_passages
+from utils.retriever.ranking import count_at_least, gold_ranks, retrieval_metrics
 
 
 def test_ranks_topk_mrr_by_hand():
@@ -22,26 +22,11 @@ def test_mrr_ignores_ranks_beyond_ten():
     assert retrieval_metrics(np.array([11, 1]))["mrr@10"] == 0.5
 
 
-def test_top_passages_best_first():
-    scores = np.array([[0.1, 0.9, 0.5, 0.7]])
-    assert top_passages(scores, 3).tolist() == [[1, 3, 2]]
-    assert top_passages(scores, 10).shape == (1, 4)
-
-
 def test_a_nan_score_ranks_last_not_first():
     """A comparison with NaN is False: counted naively, a NaN gold score had nothing ahead of it (rank 1)."""
     nan = float("nan")
     scores = np.array([[nan, 0.9, 0.1], [0.5, nan, 0.1], [nan, nan, nan]])
     assert gold_ranks(scores, [[0], [0], [1]]).tolist() == [3, 1, 3]
-    assert ranks(scores).tolist() == [[3, 1, 2], [1, 3, 2], [3, 3, 3]]
-    assert top_passages(scores, 2).tolist()[:2] == [[1, 2], [0, 2]]
+    assert count_at_least(scores, scores).tolist() == [[3, 1, 2], [1, 3, 2], [3, 3, 3]]
     m = retrieval_metrics(gold_ranks(np.full((4, 5), nan), [[0]] * 4))
     assert m["top1"] == 0.0 and m["mean_rank"] == 5.0
-
-
-def test_counts_at_least_are_one_rule_for_few_and_many_values():
-    rng = np.random.default_rng(0)
-    scores = rng.integers(0, 4, size=(3, 40)).astype(float)  # many ties
-    many = count_at_least(scores, scores)  # the sorted path
-    few = np.concatenate([count_at_least(scores, scores[:, s:s + 4]) for s in range(0, 40, 4)], axis=1)
-    assert np.array_equal(many, few) and np.array_equal(many, (scores[:, None, :] >= scores[:, :, None]).sum(2))

@@ -89,3 +89,16 @@ class BiEncoder(nn.Module):
     def forward(self, query: dict | None = None, passage: dict | None = None):
         return (self.embed("query", query) if query is not None else None,
                 self.embed("passage", passage) if passage is not None else None)
+
+
+def load_bi_encoder(args) -> BiEncoder:
+    """The bi-encoder `args` describes (encoders, sharing, pooling, similarity, length buckets); a one-line error
+    when an encoder cannot be loaded."""
+    from utils.loop.errors import UserError
+
+    try:
+        return BiEncoder.from_pretrained(args.query_model_name_or_path, args.passage_model_name_or_path,
+                                         args.shared_encoder, args.pooling, args.similarity == "cosine",
+                                         getattr(args, "length_buckets", 1))
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot load an encoder ({str(err).splitlines()[0]})") from None

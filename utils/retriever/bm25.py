@@ -1,6 +1,5 @@
-"""BM25 over a passage corpus (the bm25s library), the lexical baseline a dense retriever has to beat, and two
-ways to fuse it with a dense ranking (hybrid retrieval): reciprocal-rank fusion (no weight) and a convex
-combination of per-question min-max normalised scores whose dense weight is tuned on labelled questions.
+"""BM25 over a passage corpus (the bm25s library): the lexical baseline a dense retriever has to beat, and the lexical
+half of the hybrids (utils.retriever.fusion).
 
 The converter (utils.retriever.make_dpr_data) mines hard negatives with it and the DPR evaluation reports it beside the
 dense ranking, with the same tokenisation: passages as "title text", English stopwords removed, words reduced to
@@ -18,21 +17,63 @@ logging.getLogger("bm25s").setLevel(logging.INFO)  # bm25s sets its own logger t
 
 
 class BM25:
+    """BM25 of a corpus, one question at a time: memory is one score per passage, never questions x passages."""
+
     def __init__(self, passages: list[dict]):
         self.size = len(passages)
         self.retriever = bm25s.BM25()
         self.retriever.index(_tokenize([f"{p['title']} {p['text']}" for p in passages]), show_progress=False)
 
+    def save(self, directory: str) -> None:
+        self.retriever.save(directory)
+
+    @classmethod
+    def load(cls, directory: str, size: int) -> "BM25":
+        from utils.loop.errors import UserError
+
+        out = cls.__new__(cls)
+        try:
+            out.retriever = bm25s.BM25.load(directory)
+        except (OSError, ValueError) as err:
+            raise UserError(f"{directory}: not a BM25 index ({err})") from None
+        out.size = size
+        return out
+
     def top(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """(passage indices, scores) of each query's k best passages, best first."""
         return self.retriever.retrieve(_tokenize(queries), k=min(k, self.size), show_progress=False)
 
-    def scores(self, queries: list[str]) -> np.ndarray:
-        """Score of every passage for every query (queries x passages), 0 where no query term occurs."""
-        hits, scores = self.top(queries, self.size)
-        out = np.zeros((len(queries), self.size), dtype=np.float32)
-        np.put_along_axis(out, np.asarray(hits, dtype=np.int64), np.asarray(scores, dtype=np.float32), axis=1)
-        return out
+    def query_scores(self, query: str) -> np.ndarray:
+        """The score of every passage for one query (float32), 0 where no query term occurs."""
+        tokens = _tokenize([query], return_ids=False)[0]
+        known = [t for t in tokens if t in self.retriever.vocab_dict]
+        if not known:  # stopwords only, or no term in the corpus
+            return np.zeros(self.size, dtype=np.float32)
+        return np.asarray(self.retriever.get_scores(known), dtype=np.float32)
+
+
+    def search(self, queries: list[str], k: int, gold: list[list[int]] | None = None,
+               score_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(scores, ids, gold ranks, scores of score_ids): per query its k best passages (ties: the smaller id first),
+        with `gold` the rank of its best gold passage (1 + the others scoring at least as high: a question sharing
+        no term with the corpus ranks last), with `score_ids` (query x ids, -1 = none) the BM25 score of those
+        passages (the dense candidates a hybrid fuses)."""
+        k = min(k, self.size)
+        top_s, top_i = np.zeros((len(queries), k), np.float32), np.zeros((len(queries), k), np.int64)
+        ranks = np.zeros(len(queries), np.int64) if gold is not None else None
+        extra = np.full(score_ids.shape, -np.inf, np.float32) if score_ids is not None else None
+        for i, query in enumerate(queries):
+            s = self.query_scores(query)
+            best = np.argpartition(-s, k - 1)[:k] if k < self.size else np.arange(self.size)
+            best = best[np.lexsort((best, -s[best]))]
+            top_s[i], top_i[i] = s[best], best
+            if gold is not None:
+                g = s[gold[i]].max()
+                ranks[i] = int((s >= g).sum() - (s[gold[i]] >= g).sum()) + 1
+            if score_ids is not None:
+                valid = score_ids[i] >= 0
+                extra[i, valid] = s[score_ids[i][valid]]
+        return top_s, top_i, ranks, extra
 
 
 _STEMMER = Stemmer.Stemmer("english")

@@ -125,3 +125,17 @@ def evaluation_corpus(dev: list[dict], passages: list[dict] | None) -> tuple[lis
                 corpus.append(c)
                 added += passages is not None
     return corpus, added
+
+
+def evaluation_data(args) -> tuple[list[dict], list[dict], list[list[dict]]]:
+    """(dev questions, the corpus to rank, each dev question's training-style passages for the in-batch rank)."""
+    import logging
+
+    dev = load_dpr(args.validation_file)
+    if args.max_eval_samples:
+        dev = dev[: args.max_eval_samples]
+    corpus, added = evaluation_corpus(dev, load_passages(args.passages) if args.passages else None)
+    if added:
+        logging.getLogger("qa-amp").warning("%d gold passages of the dev file are not in %s; added them to the ranked "
+                                            "corpus", added, args.passages)
+    return dev, corpus, training_passages(dev, args.num_hard_negatives, args.seed)

@@ -33,6 +33,25 @@ class Tokenized:
                           for i in indices], pad_token_id)
 
 
+def load_tokenizers(args) -> tuple:
+    """(question tokenizer, passage tokenizer) of the encoders `args` names (one, shared, with --shared_encoder), with
+    the length flags checked against what the encoders can take."""
+    from transformers import AutoTokenizer
+
+    from utils.loop.args import check_max_length
+    from utils.loop.errors import UserError
+
+    passage_model = args.query_model_name_or_path if args.shared_encoder else args.passage_model_name_or_path
+    try:
+        q_tok = AutoTokenizer.from_pretrained(args.query_model_name_or_path)
+        p_tok = q_tok if args.shared_encoder else AutoTokenizer.from_pretrained(passage_model)
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot load a tokenizer ({str(err).splitlines()[0]})") from None
+    check_max_length(args.query_model_name_or_path, q_tok, max_query_length=args.max_query_length)
+    check_max_length(passage_model, p_tok, max_passage_length=args.max_passage_length)
+    return q_tok, p_tok
+
+
 def tokenize_questions(tokenizer, questions: list[str], args) -> Tokenized:
     return Tokenized(lambda qs: tokenizer(qs, truncation=True, max_length=args.max_query_length), questions)
 
@@ -65,3 +84,28 @@ def encode(accelerator, model, loader, side: str, count: int) -> torch.Tensor:
             out = torch.empty(count, emb.shape[1])
         out[index.cpu()] = emb.cpu()
     return out
+
+
+def encode_texts(model, tokenized: Tokenized, side: str, pad_token_id: int, batch_size: int, device,
+                 rows=None, progress: str | None = None) -> torch.Tensor:
+    """Embeddings (fp32, on the CPU) of the texts `rows` of `tokenized` (default: all), in that order, by this process
+    alone: what a process holds of a sharded corpus, or what the Retriever API indexes. `model` is the bare
+    bi-encoder (no DDP wrapper: processes encode different numbers of batches). Longest first, so that each batch is
+    padded only to lengths like its own; `progress` names a progress bar."""
+    from tqdm.auto import tqdm
+
+    rows = np.arange(len(tokenized)) if rows is None else np.asarray(rows)
+    perm = np.argsort(-tokenized.lengths[rows], kind="stable")  # position in `rows` of each text, longest first
+    out = None
+    bar = tqdm(total=len(rows), desc=progress, unit="texts", disable=progress is None, dynamic_ncols=True)
+    with torch.no_grad():
+        for s in range(0, len(perm), batch_size):
+            where = perm[s:s + batch_size]
+            batch = {k: v.to(device) for k, v in tokenized.batch(rows[where], pad_token_id).items()}
+            emb = model(**{side: batch})[0 if side == "query" else 1].float().cpu()
+            if out is None:
+                out = torch.empty(len(rows), emb.shape[1])
+            out[torch.from_numpy(where)] = emb
+            bar.update(len(where))
+    bar.close()
+    return out if out is not None else torch.empty(0, 0)

@@ -2,90 +2,134 @@
 sentence window with --window_sentences), by BM25 and by two hybrids of both, and Haystack's in-batch rank.
 
 Every evaluation reports top-1/5/20/100, MRR@10 and the mean rank of the gold passage for each ranking, so a run
-shows at once whether the trained encoder beats BM25 and whether it adds to it. The hybrid's dense weight is tuned
-on the evaluation questions, cross-fitted (each half scored with the weight tuned on the other half).
+shows at once whether the trained encoder beats BM25 and whether it adds to it. Nothing builds the questions x
+corpus matrix: each process encodes and searches its own shard of the corpus (utils.retriever.search), BM25 scores
+one question at a time, and the hybrids fuse the two rankings' candidates (utils.retriever.fusion). The training
+run's evaluation tunes the hybrid's dense weight cross-fitted (each half of the questions scored with the weight
+tuned on the other half); the eval-only mode scores at the retriever's recorded weight and reports the weight tuned
+on the file as an upper bound.
 """
 
 import logging
 
 import numpy as np
 import torch
+from accelerate.utils import gather_object
 
+from utils.loop.process import bare_model
 from utils.retriever.bm25 import BM25
 from utils.retriever.data import key_hash, passage_key, unique_passages
-from utils.retriever.encoding import encode, encoding_loader, tokenize_passages, tokenize_questions
-from utils.retriever.fusion import cross_fitted_fusion, reciprocal_rank_fusion
+from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
+from utils.retriever.fusion import (CANDIDATES, convex_fusion, cross_fitted_ranks, fused_gold_ranks, gather_candidates,
+                                    reciprocal_rank_fusion, tune_dense_weight)
 from utils.retriever.loss import batch_ranks
-from utils.retriever.ranking import gold_ranks, passage_scores, retrieval_metrics, top_passages
+from utils.retriever.ranking import retrieval_metrics
+from utils.retriever.search import Vectors, dense_search, max_scores, score_passages, shard, summed_counts
 from utils.retriever.sentence_windows import sentence_windows
 
 logger = logging.getLogger("qa-amp")
 
 
 class RetrievalEvaluation:
-    """The dev questions, the corpus they are ranked against (tokenised once, as sentence windows with
-    --window_sentences) and BM25's scores (computed once: the baseline and the lexical half of the hybrids)."""
+    """The dev questions and the corpus they are ranked against: this process's shard of it, tokenised once (as
+    sentence windows with --window_sentences), BM25 over all of it, and the dev questions' training-style batches
+    for the in-batch rank. `recorded_weight`: rank the hybrid at this dense weight (a trained retriever's) instead
+    of cross-fitting one."""
 
-    def __init__(self, accelerator, args, q_tok, p_tok, dev, corpus, dev_passages):
-        self.accelerator, self.args = accelerator, args
+    def __init__(self, accelerator, args, q_tok, p_tok, dev, corpus, dev_passages, recorded_weight=None):
+        self.accelerator, self.args, self.recorded_weight = accelerator, args, recorded_weight
         self.dev, self.corpus, self.dev_passages = dev, corpus, dev_passages
-        self.corpus_index = {passage_key(c): i for i, c in enumerate(corpus)}
-        self.gold = [[self.corpus_index[passage_key(c)] for c in q["positive_ctxs"]] for q in dev]
-        bs = args.per_device_eval_batch_size
-        # The passages of the dev questions' training-style batches that the corpus lacks (their hard negatives, say)
-        # are encoded too, for the in-batch rank only: the ranked corpus stays the one given.
-        extra = unique_passages(c for g in dev_passages for c in g if passage_key(c) not in self.corpus_index)
-        encoded = corpus + extra
-        self.encoded_index = {passage_key(c): i for i, c in enumerate(encoded)}
-        # Passages are ranked by their own embedding, or with --window_sentences by their best sentence window's.
-        windows, owner = sentence_windows(encoded, args.window_sentences)
-        self.window_start = np.searchsorted(owner, np.arange(len(encoded) + 1))  # passage i: rows start[i]:start[i+1]
-        self.corpus_owner = torch.from_numpy(owner[:self.window_start[len(corpus)]])
-        self.passage_loader = encoding_loader(accelerator, tokenize_passages(p_tok, windows, args), "passage",
-                                              p_tok.pad_token_id, bs)
+        self.p_pad = p_tok.pad_token_id
+        index = {passage_key(c): i for i, c in enumerate(corpus)}
+        self.gold = [[index[passage_key(c)] for c in q["positive_ctxs"]] for q in dev]
+        self.gold_ids = _padded(self.gold)
+        self.shard = shard(len(corpus), accelerator.process_index, accelerator.num_processes)
+        windows, owner = sentence_windows(corpus[self.shard.start:self.shard.stop], args.window_sentences)
+        self.shard_owner = owner if args.window_sentences else None
+        self.shard_tokens = tokenize_passages(p_tok, windows, args)
+        # The passages of the dev questions' training-style batches that the corpus lacks (their hard negatives,
+        # say) are encoded too, on every process, for the in-batch rank only: the ranked corpus stays the one given.
+        extra = unique_passages(c for g in dev_passages for c in g if passage_key(c) not in index)
+        extra_windows, self.extra_owner = sentence_windows(extra, args.window_sentences)
+        self.extra_tokens = tokenize_passages(p_tok, extra_windows, args) if extra else None
+        # where each in-batch passage's embedding is: (corpus id, None), or (None, id among the extra ones)
+        self.in_batch_ids = {passage_key(c): (index[passage_key(c)], None)
+                             for g in dev_passages for c in g if passage_key(c) in index}
+        self.in_batch_ids.update({passage_key(c): (None, i) for i, c in enumerate(extra)})
         self.question_loader = encoding_loader(accelerator, tokenize_questions(q_tok, [q["question"] for q in dev], args),
-                                               "query", q_tok.pad_token_id, bs)
-        self.bm25_scores = BM25(corpus).scores([q["question"] for q in dev])
-        self.bm25_ranks = gold_ranks(self.bm25_scores, self.gold)
+                                               "query", q_tok.pad_token_id, args.per_device_eval_batch_size)
+        self.bm25 = BM25(corpus)
+        self.questions = shard(len(dev), accelerator.process_index, accelerator.num_processes)  # BM25's share
 
     def __call__(self, model) -> dict:
-        w_emb = encode(self.accelerator, model, self.passage_loader, "passage", int(self.window_start[-1]))
-        q_emb = encode(self.accelerator, model, self.question_loader, "query", len(self.dev))
-        nan = {"questions": int(q_emb.isnan().any(1).sum()), "passages": int(w_emb.isnan().any(1).sum())}
-        if any(nan.values()):
-            logger.warning("NaN embeddings of %d dev questions and %d passages (a diverged encoder?): their scores "
-                           "rank last", nan["questions"], nan["passages"])
-        scores = passage_scores(q_emb, w_emb[:len(self.corpus_owner)], self.corpus_owner, len(self.corpus)).numpy()
-        ranks = gold_ranks(scores, self.gold)
-        # Hybrids: a convex combination of normalised scores, its dense weight tuned on these questions (each half
-        # scored with the weight tuned on the other half: no question scores its own tuning), and untuned RRF.
-        fused, dense_weight = cross_fitted_fusion(scores, self.bm25_scores, self.gold)
-        hybrid_ranks = gold_ranks(fused, self.gold)
-        rrf_ranks = gold_ranks(reciprocal_rank_fusion(scores, self.bm25_scores), self.gold)
+        acc, device = self.accelerator, self.accelerator.device
+        q_emb = encode(acc, model, self.question_loader, "query", len(self.dev)).to(device)
+        bare, bs = bare_model(acc, model), self.args.per_device_eval_batch_size
+        vectors = Vectors(encode_texts(bare, self.shard_tokens, "passage", self.p_pad, bs, device),
+                          self.shard_owner, len(self.shard), self.shard.start)
+        self._warn_nan(q_emb, vectors.embeddings)
+        dense_s, dense_i, ranks = dense_search(q_emb, vectors, CANDIDATES, self.gold_ids)
+        # BM25, a share of the questions on each process: its own top passages, and its scores of the dense ones.
+        mine = self.questions
+        lex_s, lex_i, lex_ranks, lex_of_dense = (np.concatenate(parts) for parts in zip(*gather_object([
+            self.bm25.search([q["question"] for q in self.dev[mine.start:mine.stop]], CANDIDATES,
+                             self.gold[mine.start:mine.stop], dense_i[mine.start:mine.stop])])))
+        dense_of_lex = max_scores(score_passages(q_emb, vectors, lex_i), device)
+        candidates = gather_candidates(dense_s, dense_i, lex_s, lex_i, lex_of_dense, dense_of_lex)
+        # The hybrid's metrics: cross-fitted in a training run, at the recorded weight in the eval-only mode; next
+        # to them, at the weight tuned on these very questions (an upper bound, and what a training run records).
+        if self.recorded_weight is None:
+            hybrid_ranks, tuned = cross_fitted_ranks(candidates, self.gold)
+        else:
+            tuned = tune_dense_weight(candidates, self.gold)
+            hybrid_ranks = fused_gold_ranks(convex_fusion(candidates, self.recorded_weight), candidates, self.gold)
+        weight = tuned if self.recorded_weight is None else self.recorded_weight
+        tuned_ranks = fused_gold_ranks(convex_fusion(candidates, tuned), candidates, self.gold)
+        at_weight = tuned_ranks if self.recorded_weight is None else hybrid_ranks  # what the retriever ranks with
+        rrf_ranks = fused_gold_ranks(reciprocal_rank_fusion(candidates), candidates, self.gold)
         metrics = retrieval_metrics(ranks)
-        metrics["in_batch_avg_rank"] = self.in_batch_rank(q_emb, w_emb)
-        for kind, r in (("bm25", self.bm25_ranks), ("hybrid", hybrid_ranks), ("rrf", rrf_ranks)):
+        metrics["in_batch_avg_rank"] = self.in_batch_rank(q_emb, vectors, bare)
+        for kind, r in (("bm25", lex_ranks), ("hybrid", hybrid_ranks), ("rrf", rrf_ranks), ("hybrid_tuned", tuned_ranks)):
             metrics.update({f"{kind}_{k}": v for k, v in retrieval_metrics(r).items()})
-        metrics["hybrid_dense_weight"] = dense_weight
-        top = top_passages(scores, 20)
+        metrics["hybrid_dense_weight"], metrics["hybrid_tuned_dense_weight"] = weight, tuned
         rankings = [{"id": q["id"], "question": q["question"], "gold_rank": int(r), "bm25_gold_rank": int(b),
                      "hybrid_gold_rank": int(h), "rrf_gold_rank": int(f),
-                     "top20": [self.corpus[j]["passage_id"] or self.corpus[j]["text"][:80] for j in t]}
-                    for q, r, b, h, f, t in zip(self.dev, ranks, self.bm25_ranks, hybrid_ranks, rrf_ranks, top)]
+                     "top20": [self.corpus[j]["passage_id"] or self.corpus[j]["text"][:80] for j in t[:20] if j >= 0]}
+                    for q, r, b, h, f, t in zip(self.dev, ranks, lex_ranks, at_weight, rrf_ranks, dense_i)]
         return {"metrics": metrics, "rankings": rankings}
 
-    def in_batch_rank(self, q_emb: torch.Tensor, w_emb: torch.Tensor) -> float:
-        """Haystack's in-batch metric: the positive's rank among the passages of its training-style global
-        batch (the batch's positives and hard negatives, each scored by its best window), averaged over dev
-        questions."""
+    def _warn_nan(self, q_emb, w_emb) -> None:
+        local = np.array([int(w_emb.isnan().any(1).sum())]) if len(w_emb) else np.zeros(1, np.int64)
+        bad_passages = int(summed_counts(local, self.accelerator.device)[0])
+        bad_questions = int(q_emb.isnan().any(1).sum())
+        if bad_questions or bad_passages:
+            logger.warning("NaN embeddings of %d dev questions and %d corpus texts (a diverged encoder?): their scores "
+                           "rank last", bad_questions, bad_passages)
+
+    def in_batch_rank(self, q_emb: torch.Tensor, vectors: Vectors, bare) -> float:
+        """Haystack's in-batch metric: the positive's rank among the passages of its training-style global batch
+        (the batch's positives and hard negatives, each scored by its best window), averaged over dev questions."""
+        device = q_emb.device
+        extra = None
+        if self.extra_tokens is not None:
+            extra = Vectors(encode_texts(bare, self.extra_tokens, "passage", self.p_pad,
+                                         self.args.per_device_eval_batch_size, device),
+                            self.extra_owner if self.args.window_sentences else None)
         bs, ranks = self.args.per_device_train_batch_size * self.accelerator.num_processes, []
-        start = self.window_start
         for s in range(0, len(self.dev), bs):
             ctxs = [c for group in self.dev_passages[s:s + bs] for c in group]
-            cols = [self.encoded_index[passage_key(c)] for c in ctxs]
-            rows = np.concatenate([np.arange(start[c], start[c + 1]) for c in cols])
-            owner = np.repeat(np.arange(len(cols)), [start[c + 1] - start[c] for c in cols])
-            batch_scores = passage_scores(q_emb[s:s + bs], w_emb[rows], torch.from_numpy(owner), len(cols))
+            in_corpus, in_extra = zip(*(self.in_batch_ids[passage_key(c)] for c in ctxs))
+            rows = len(self.dev[s:s + bs])
+            corpus_ids = np.tile([-1 if i is None else i for i in in_corpus], (rows, 1))
+            scores = max_scores(score_passages(q_emb[s:s + bs], vectors, corpus_ids), device)
+            if extra is not None:
+                extra_ids = np.tile([-1 if i is None else i for i in in_extra], (rows, 1))
+                scores = np.maximum(scores, score_passages(q_emb[s:s + bs], extra, extra_ids))
             keys = torch.tensor([key_hash(passage_key(c)) for c in ctxs])
-            ranks.append(batch_ranks(batch_scores, keys).float())
+            ranks.append(batch_ranks(torch.from_numpy(scores), keys).float())
         return float(torch.cat(ranks).mean())
+
+
+def _padded(lists: list[list[int]]) -> np.ndarray:
+    width = max((len(x) for x in lists), default=0)
+    return np.array([x + [-1] * (width - len(x)) for x in lists], dtype=np.int64).reshape(len(lists), width)

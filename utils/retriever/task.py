@@ -12,26 +12,30 @@ evaluation (utils.retriever.evaluation) and the outputs (sentence-transformers a
 rankings.jsonl).
 """
 
-import json
 import logging
 import os
 import time
 
 import numpy as np
 import torch
-from accelerate.utils import broadcast, send_to_device
+from accelerate.utils import send_to_device
 
 from utils.loop.checkpoints import load_weights
 from utils.loop.grad_cache import grad_cache_step
+from utils.loop.jsonfiles import json_line
+from utils.loop.process import bare_model
 from utils.loop.task import Task
 from utils.retriever.answers import normalized
 from utils.retriever.data import key_hash, passage_key, text_key, unique_passages
-from utils.retriever.encoding import encode, encoding_loader, tokenize_passages, tokenize_questions
+from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
 from utils.retriever.evaluation import RetrievalEvaluation
 from utils.retriever.exports import encoder_state, export_dpr, save_sentence_transformers_dir
+from utils.retriever.fusion import CANDIDATES
 from utils.retriever.loss import global_loss
 from utils.retriever.negatives import select_negatives
 from utils.retriever.ranking import retrieval_metrics
+from utils.retriever.search import Vectors, dense_search, shard
+from utils.retriever.settings import RetrieverSettings
 
 logger = logging.getLogger("qa-amp")
 
@@ -84,10 +88,11 @@ class DPRTask(Task):
     def __init__(self, accelerator, args, q_tok, p_tok, train, data: TrainingData, evaluation: RetrievalEvaluation):
         self.accelerator, self.args, self.q_tok, self.p_tok = accelerator, args, q_tok, p_tok
         self.train, self.data, self.evaluation = train, data, evaluation
-        if args.refresh_negatives_every:  # the training questions and passages (windows already), to mine from
-            bs = args.per_device_eval_batch_size
-            self.train_passage_loader = encoding_loader(accelerator, data.passage_tokens, "passage", data.p_pad, bs)
-            self.train_question_loader = encoding_loader(accelerator, data.question_tokens, "query", data.q_pad, bs)
+        self.dense_weight = None  # the hybrid's, of the latest evaluation: what the weights saved next rank with
+        if args.refresh_negatives_every:  # the training questions to mine for, and this process's passages
+            self.train_question_loader = encoding_loader(accelerator, data.question_tokens, "query", data.q_pad,
+                                                         args.per_device_eval_batch_size)
+            self.mining_shard = shard(len(data.passages), accelerator.process_index, accelerator.num_processes)
 
     @property
     def metric_directions(self) -> dict[str, str]:
@@ -145,35 +150,37 @@ class DPRTask(Task):
             self.refresh_negatives(model, f"update {step}")
 
     def refresh_negatives(self, model, when: str) -> None:
-        """Re-mine every training question's hard negatives with the model being trained: encode the training
-        passages and questions (sharded across processes, as evaluation encodes its corpus), rank, and keep the
-        best-ranked passages that are neither a positive nor answer-bearing (utils.retriever.negatives).
-        Ranked on the main process and broadcast, so every process trains on the same negatives."""
+        """Re-mine every training question's hard negatives with the model being trained: each process encodes its
+        shard of the training passages and searches it for every training question (utils.retriever.search), the
+        shards' rankings are merged, and every process keeps the same best-ranked passages that are neither a
+        positive nor answer-bearing (utils.retriever.negatives): the same negatives everywhere, no process ranking
+        for the others."""
         t0 = time.perf_counter()
+        acc, device = self.accelerator, self.accelerator.device
         model.eval()
         with torch.no_grad():
-            p = encode(self.accelerator, model, self.train_passage_loader, "passage", len(self.data.passage_tokens))
-            q = encode(self.accelerator, model, self.train_question_loader, "query", len(self.data.question_tokens))
+            q = encode(acc, model, self.train_question_loader, "query", len(self.data.question_tokens)).to(device)
+            mine = self.mining_shard
+            p = encode_texts(bare_model(acc, model), self.data.passage_tokens, "passage", self.data.p_pad,
+                             self.args.per_device_eval_batch_size, device, rows=np.arange(mine.start, mine.stop))
         old = self.data.question_passages[:, 1:].copy()
-        new = torch.from_numpy(old)
-        if self.accelerator.is_main_process:
-            depth = min(len(p), 4 * old.shape[1] + 50)  # deep enough to skip positives and false negatives
-            ranked = torch.cat([(q[s:s + 1024] @ p.T).topk(depth, dim=1).indices for s in range(0, len(q), 1024)])
-            new = torch.from_numpy(select_negatives(ranked.numpy(), self.train, self.data.passages, old.shape[1], old,
-                                                    self.data.normalized_texts))
-        new = broadcast(new.to(self.accelerator.device), from_process=0).cpu().numpy()
+        depth = min(len(self.data.passages), 4 * old.shape[1] + 50)  # deep enough to skip positives, false negatives
+        _, ranked, _ = dense_search(q, Vectors(p, None, len(mine), mine.start), depth)
+        new = select_negatives(ranked, self.train, self.data.passages, old.shape[1], old, self.data.normalized_texts)
         self.data.question_passages[:, 1:] = new
         changed = int(sum(len(set(n) - set(o)) for n, o in zip(new.tolist(), old.tolist())))
         seconds = round(time.perf_counter() - t0, 1)
-        logger.info("refreshed hard negatives (%s): %d of %d changed; %d passages encoded (%.1f MiB of embeddings), "
-                    "%.1f s", when, changed, old.size, len(p), p.numel() * p.element_size() / 2**20, seconds)
+        logger.info("refreshed hard negatives (%s): %d of %d changed; %d passages encoded, %.1f s", when, changed,
+                    old.size, len(self.data.passages), seconds)
         self.data.refreshes.append({"when": when, "changed": changed, "of": int(old.size), "seconds": seconds})
         self.accelerator.log({"train/negatives_changed": changed})
 
     # --- evaluation, saving ---
 
     def evaluate(self, model) -> dict:
-        return self.evaluation(model)
+        result = self.evaluation(model)
+        self.dense_weight = result["metrics"]["hybrid_tuned_dense_weight"]  # tuned on all dev: the one to record
+        return result
 
     def headline(self, m: dict) -> str:
         return (f"top1 {m['top1']:.1f} top5 {m['top5']:.1f} top20 {m['top20']:.1f} MRR@10 {m['mrr@10']:.3f} "
@@ -184,7 +191,7 @@ class DPRTask(Task):
 
     def write_outputs(self, directory, result):
         with open(os.path.join(directory, "rankings.jsonl"), "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in result["rankings"])
+            f.writelines(json_line(r) + "\n" for r in result["rankings"])
 
     def summary(self, result):
         out = {"pooling": self.args.pooling, "similarity": self.args.similarity, "temperature": self.args.temperature,
@@ -203,6 +210,10 @@ class DPRTask(Task):
                 export_dpr(model.encoder(side), encoder_state(model, state_dict, side), tok,
                            os.path.join(directory, "dpr_question_encoder" if side == "query" else "dpr_context_encoder"),
                            side)
+        a = self.args
+        RetrieverSettings(a.pooling, a.similarity, a.temperature, a.shared_encoder, a.embed_title, a.window_sentences,
+                          a.max_query_length, a.max_passage_length, self.dense_weight, CANDIDATES,
+                          {"data": a.validation_file, "questions": len(self.evaluation.dev)}).save(directory)
 
     def load(self, model, directory):
         for side in ("query", "passage"):

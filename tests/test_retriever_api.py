@@ -1,0 +1,119 @@
+"""A trained retriever used as trained: the eval-only mode and the Retriever/Index API rank exactly as the training
+run's own evaluation did (rankings.jsonl), an index round-trips through its directory, FAISS agrees with the exact
+search, and a directory that is not what it should be is a one-line error."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import SAMPLE, assert_user_error, run_script
+from utils.loop.errors import UserError
+from utils.retriever.data import load_dpr, load_passages
+from utils.retriever.index import Index, Retriever
+
+FLAGS = ["--per_device_train_batch_size", 8, "--num_hard_negatives", 1]  # the in-batch rank depends on them
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_bert_dir, tmp_path_factory):
+    """A tiny retriever trained on sentence windows of the shipped sample."""
+    out = str(tmp_path_factory.mktemp("dpr") / "out")
+    run_script("train_dpr.py", "--query_model_name_or_path", tiny_bert_dir, "--passage_model_name_or_path",
+               tiny_bert_dir, "--output_dir", out, "--max_train_steps", 6, "--learning_rate", 5e-4,
+               "--window_sentences", 1, "--eval_before_training", "false", *FLAGS)
+    return out
+
+
+def rankings(directory):
+    return [json.loads(line) for line in open(os.path.join(directory, "rankings.jsonl"))]
+
+
+def test_the_eval_only_mode_reproduces_the_training_runs_rankings(trained, tmp_path):
+    out = tmp_path / "eval"
+    proc = run_script("train_dpr.py", "--do_train", "false", "--model_name_or_path", trained, "--validation_file",
+                      f"{SAMPLE}/dpr_dev.json", "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--output_dir", out,
+                      *FLAGS)
+    assert "hybrid at the recorded dense weight" in proc.stdout and "an upper bound" in proc.stdout
+    assert rankings(out) == rankings(trained)
+    run, now = (json.load(open(os.path.join(d, "eval_results.json")))["metrics"] for d in (trained, out))
+    for name in ("top1", "top20", "mrr@10", "mean_rank", "in_batch_avg_rank", "bm25_top1", "rrf_mrr@10",
+                 "hybrid_tuned_top1", "hybrid_tuned_dense_weight"):
+        assert now[name] == run[name], name
+    weight = json.load(open(os.path.join(trained, "retriever_settings.json")))["hybrid_dense_weight"]
+    assert now["hybrid_dense_weight"] == weight == run["hybrid_tuned_dense_weight"]
+
+
+def test_the_api_ranks_as_the_training_run_did_and_the_index_round_trips(trained, tmp_path):
+    dev = load_dpr(f"{SAMPLE}/dpr_dev.json")
+    questions = [q["question"] for q in dev]
+    retriever = Retriever(trained, device="cpu")
+    index = retriever.index(f"{SAMPLE}/dpr_passages.jsonl", progress=False)
+    assert len(index.vectors.embeddings) > 2 * len(index.passages)  # sentence windows, as trained
+    dense = index.search(questions, k=20)
+    assert [[h["passage_id"] for h in hits] for hits in dense] == [r["top20"] for r in rankings(trained)]
+
+    hybrid = index.search(questions, k=50, hybrid=True)
+    for q, hits, r in zip(dev, hybrid, rankings(trained)):  # the hybrid at the recorded weight, as rankings.jsonl
+        ids = [h["passage_id"] for h in hits]
+        gold = q["positive_ctxs"][0]["passage_id"]
+        assert (ids.index(gold) + 1 if gold in ids else None) == (r["hybrid_gold_rank"] if gold in ids else None)
+
+    index.save(str(tmp_path / "index"))
+    loaded = Index.load(str(tmp_path / "index"))
+    assert isinstance(loaded.vectors.embeddings, np.memmap)
+    assert loaded.search(questions, k=20) == dense and loaded.search(questions, k=50, hybrid=True) == hybrid
+
+    half = retriever.index(load_passages(f"{SAMPLE}/dpr_passages.jsonl"), dtype="float16", bm25=False, progress=False)
+    assert half.vectors.embeddings.dtype == np.float16
+    every = len(index.passages)
+    exact, near = (dict(((i, h["passage_id"]), h["score"]) for i, hits in enumerate(x.search(questions, k=every))
+                        for h in hits) for x in (index, half))
+    assert exact.keys() == near.keys()
+    scale = max(abs(v) for v in exact.values())
+    assert max(abs(exact[key] - near[key]) for key in exact) < 2e-3 * scale  # float16 vectors: about 1e-3 off
+
+    flat = loaded.search_faiss(loaded.to_faiss("flat"), questions, k=20)  # the same ranking, ties aside
+    np.testing.assert_allclose([[h["score"] for h in hits] for hits in flat],
+                               [[h["score"] for h in hits] for hits in dense], rtol=1e-5)
+    same = [a["passage_id"] == b["passage_id"] for x, y in zip(flat, dense) for a, b in zip(x, y)]
+    assert np.mean(same) > 0.95
+    hnsw = loaded.search_faiss(loaded.to_faiss("hnsw"), questions, k=5)  # approximate: the best scores agree
+    np.testing.assert_allclose([h[0]["score"] for h in hnsw], [h[0]["score"] for h in dense], rtol=1e-4)
+
+
+def test_a_malformed_or_mismatched_index_or_retriever_is_a_one_line_error(trained, tmp_path):
+    index_dir = tmp_path / "index"
+    Retriever(trained, device="cpu").index(f"{SAMPLE}/dpr_passages.jsonl", bm25=False, progress=False).save(
+        str(index_dir))
+
+    def broken(edit, message):
+        d = tmp_path / f"broken{len(os.listdir(tmp_path))}"
+        shutil.copytree(index_dir, d)
+        edit(d)
+        with pytest.raises(UserError) as err:
+            Index.load(str(d), retriever=Retriever(trained, device="cpu"))
+        assert str(err.value).startswith(str(d)) and message in str(err.value) and "\n" not in str(err.value)
+
+    def meta(d, **changes):
+        m = json.load(open(d / "index.json"))
+        m.update(changes)
+        json.dump(m, open(d / "index.json", "w"))
+
+    broken(lambda d: os.remove(d / "index.json"), "not an index (no index.json)")
+    broken(lambda d: meta(d, dimension=768), "embeddings.npy is float32")
+    broken(lambda d: (meta(d, dimension=48), np.save(d / "embeddings.npy", np.zeros((json.load(open(
+        d / "index.json"))["vectors"], 48), np.float32))), "48-dimensional vectors, but")
+    broken(lambda d: meta(d, settings={**json.load(open(d / "index.json"))["settings"], "window_sentences": 2}),
+           "built with other settings than")
+    broken(lambda d: os.remove(d / "owner.npy"), "owner.npy is missing")
+    no_settings = tmp_path / "no-settings"
+    shutil.copytree(trained, no_settings)
+    os.remove(no_settings / "retriever_settings.json")
+    with pytest.raises(UserError, match="not a retriever written by train_dpr.py"):
+        Retriever(str(no_settings))
+    proc = run_script("train_dpr.py", "--do_train", "false", "--model_name_or_path", no_settings, "--validation_file",
+                      f"{SAMPLE}/dpr_dev.json", "--output_dir", tmp_path / "e", check=False)
+    assert_user_error(proc, "not a retriever written by train_dpr.py (no retriever_settings.json)")

@@ -1,0 +1,120 @@
+"""The blockwise search engine equals a full-matrix reference: dot and cosine, whole passages and MaxP windows,
+1 process and 2 gloo processes each holding half the passages."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT
+from utils.retriever.ranking import gold_ranks
+from utils.retriever.search import Vectors, score_passages, shard, top_k
+
+
+def data(seed, cosine, windows, n_passages=300, n_queries=50, dim=16):
+    rng = np.random.default_rng(seed)
+    per = rng.integers(1, 6, n_passages) if windows else np.ones(n_passages, dtype=np.int64)
+    owner = np.repeat(np.arange(n_passages), per)
+    emb = rng.standard_normal((len(owner), dim)).astype(np.float32)
+    q = rng.standard_normal((n_queries, dim)).astype(np.float32)
+    if cosine:
+        emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+    return q, emb, owner
+
+
+def reference(q, emb, owner):
+    """The full questions x passages matrix, each passage its best window."""
+    window_scores = q @ emb.T
+    return np.stack([window_scores[:, owner == p].max(1) for p in range(owner.max() + 1)], axis=1)
+
+
+@pytest.mark.parametrize("cosine", [False, True], ids=["dot", "cosine"])
+@pytest.mark.parametrize("windows", [False, True], ids=["passages", "maxp"])
+def test_blockwise_search_equals_the_full_matrix(cosine, windows):
+    q, emb, owner = data(1, cosine, windows)
+    full = reference(q, emb, owner)
+    gold = np.stack([np.arange(len(q)) % 300, np.full(len(q), -1)], axis=1)  # a "gold" passage per query
+    thresholds = full[np.arange(len(q)), gold[:, 0]]
+    vectors = Vectors(emb, owner if windows else None)
+    for block_rows, query_block in ((37, 7), (10_000, 2048)):  # many blocks, and one
+        scores, ids, counts = top_k(torch.from_numpy(q), vectors, 10, thresholds, gold, block_rows=block_rows,
+                                    query_block=query_block)
+        want = np.argsort(-full, axis=1, kind="stable")[:, :10]
+        assert np.array_equal(ids, want)
+        np.testing.assert_allclose(scores, np.take_along_axis(full, want, 1), rtol=1e-5, atol=1e-6)
+        # the rank of the gold passage: 1 + the others at or above it (ties against), as gold_ranks computes it
+        assert np.array_equal(counts + 1, gold_ranks(full, [[g] for g in gold[:, 0]]))
+    picked = np.stack([np.arange(5) * 7 % 300, np.full(5, 3), np.full(5, -1)], axis=1)[None].repeat(10, 0)[:, 0]
+    got = score_passages(torch.from_numpy(q[:10]), vectors, picked)
+    np.testing.assert_allclose(got[:, :2], np.take_along_axis(full[:10], picked[:, :2], 1), rtol=1e-5, atol=1e-6)
+    assert (got[:, 2] == -np.inf).all()
+
+
+@pytest.mark.parametrize("windows", [False, True], ids=["passages", "maxp"])
+def test_the_bf16_prefilter_changes_nothing(windows):
+    """Queries whose bf16 best of a block cannot reach their k-th best so far skip its fp32 scores: the same top k."""
+    q, emb, owner = data(4, True, windows, n_passages=3000, n_queries=40)
+    full = reference(q, emb, owner)
+    vectors = Vectors(emb, owner if windows else None)
+    scores, ids, _ = top_k(torch.from_numpy(q), vectors, 10, block_rows=64, prefilter=True)
+    assert np.array_equal(ids, np.argsort(-full, axis=1, kind="stable")[:, :10])
+    np.testing.assert_allclose(scores, np.sort(full, axis=1)[:, ::-1][:, :10], rtol=1e-5, atol=1e-6)
+
+
+def test_k_larger_than_the_collection_and_nan_scores():
+    q, emb, owner = data(2, False, True, n_passages=4)
+    emb[owner == 2] = np.nan  # a diverged encoder's passage
+    scores, ids, counts = top_k(torch.from_numpy(q), Vectors(emb, owner), 10, np.full(len(q), np.nan),
+                                np.full((len(q), 1), 2))
+    assert ids.shape == (len(q), 4) and (ids[:, -1] == 2).all() and (scores[:, -1] == -np.inf).all()
+    assert (counts == 3).all()  # a NaN gold ranks last: every other passage is at or above it
+
+
+def test_shards_cover_the_passages_once():
+    assert [list(shard(7, r, 3)) for r in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
+    assert [len(shard(2, r, 3)) for r in range(3)] == [1, 1, 0]
+
+
+WORKER = textwrap.dedent("""
+    import sys
+    sys.path[:0] = [{root!r}, {tests!r}]
+    import numpy as np, torch, torch.distributed as dist
+    from test_search import data, reference
+    from utils.retriever.ranking import gold_ranks
+    from utils.retriever.search import Vectors, max_scores, merged_top_k, score_passages, shard, summed_counts, top_k
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for cosine in (False, True):
+        for windows in (False, True):
+            q, emb, owner = data(3, cosine, windows)
+            full = reference(q, emb, owner)
+            mine = shard(owner.max() + 1, rank, world)
+            rows = (owner >= mine.start) & (owner < mine.stop)  # this process holds half the passages, no more
+            vectors = Vectors(emb[rows], owner[rows] - mine.start if windows else None, len(mine), mine.start)
+            thresholds = full[:, 5]
+            scores, ids, counts = top_k(torch.from_numpy(q), vectors, 20, thresholds, np.full((len(q), 1), 5),
+                                        block_rows=50)
+            scores, ids = merged_top_k(scores, ids, 20)
+            assert np.array_equal(ids, np.argsort(-full, axis=1, kind="stable")[:, :20]), (cosine, windows)
+            assert np.array_equal(summed_counts(counts) + 1, gold_ranks(full, [[5]] * len(q)))
+            picked = np.tile([3, 290, 150], (len(q), 1))
+            got = max_scores(score_passages(torch.from_numpy(q), vectors, picked))
+            np.testing.assert_allclose(got, full[:, [3, 290, 150]], rtol=1e-5, atol=1e-6)
+    open({out!r} + f"/rank{{rank}}.ok", "w").close()
+    dist.destroy_process_group()
+""")
+
+
+def test_two_processes_each_holding_half_the_passages_find_the_same(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(root=ROOT, tests=os.path.join(ROOT, "tests"), out=str(tmp_path)))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "rank0.ok").exists() and (tmp_path / "rank1.ok").exists()

@@ -1,0 +1,44 @@
+"""`train_dpr.py --do_train false`: a trained retriever evaluated on any DPR file and corpus, ranking exactly as its
+training run did (retriever_settings.json): dense, BM25, and the hybrid at the recorded dense weight, next to the
+hybrid at a weight tuned on this very file (an upper bound). Several processes work: each encodes and searches its
+shard of the corpus."""
+
+import os
+
+import torch
+
+from utils.loop.jsonfiles import json_line, write_json
+from utils.loop.process import finish
+from utils.retriever.bi_encoder import load_bi_encoder
+from utils.retriever.evaluation import RetrievalEvaluation
+from utils.retriever.settings import RetrieverSettings
+
+
+def evaluate_only(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages) -> None:
+    settings = RetrieverSettings.load(args.model_name_or_path)
+    model = accelerator.prepare(load_bi_encoder(args))
+    model.eval()
+    evaluation = RetrievalEvaluation(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages,
+                                     recorded_weight=settings.hybrid_dense_weight)
+    with torch.no_grad():
+        result = evaluation(model)
+    m = result["metrics"]
+    accelerator.print(
+        f"{args.validation_file}: {len(dev)} questions, {len(corpus)} passages\n"
+        f"  dense:  top1 {m['top1']:.1f} top5 {m['top5']:.1f} top20 {m['top20']:.1f} MRR@10 {m['mrr@10']:.3f} "
+        f"mean rank {m['mean_rank']:.1f}\n"
+        f"  BM25:   top1 {m['bm25_top1']:.1f} top5 {m['bm25_top5']:.1f} top20 {m['bm25_top20']:.1f} MRR@10 "
+        f"{m['bm25_mrr@10']:.3f}\n"
+        f"  hybrid at the recorded dense weight {m['hybrid_dense_weight']}: top1 {m['hybrid_top1']:.1f} top5 "
+        f"{m['hybrid_top5']:.1f} MRR@10 {m['hybrid_mrr@10']:.3f}\n"
+        f"  hybrid at the weight tuned on this file ({m['hybrid_tuned_dense_weight']}, an upper bound): top1 "
+        f"{m['hybrid_tuned_top1']:.1f} MRR@10 {m['hybrid_tuned_mrr@10']:.3f}")
+    if accelerator.is_main_process:
+        with open(os.path.join(args.output_dir, "rankings.jsonl"), "w") as f:
+            f.writelines(json_line(r) + "\n" for r in result["rankings"])
+    write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"),
+               {"model": args.model_name_or_path, "file": args.validation_file, "passages": args.passages,
+                "corpus_passages": len(corpus), "metrics": m, "processes": accelerator.num_processes,
+                "note": "hybrid_*: at the retriever's recorded dense weight; hybrid_tuned_*: at the weight tuned on "
+                        "this file, an upper bound"})
+    finish(accelerator)

@@ -1,0 +1,241 @@
+"""A trained retriever used as trained, and its index of a corpus.
+
+`Retriever(dir)` loads a train_dpr.py output directory: the encoders and how they rank (retriever_settings.json:
+pooling, similarity, sentence windows, titles, lengths, the hybrid's dense weight). `Retriever.index(passages)`
+embeds a corpus the way the run ranked it (a sentence-trained model indexes sentence windows and ranks a passage by
+its best one) into an `Index`, which saves to a directory, loads from it memory-mapped, and searches it exactly
+(utils.retriever.search: blockwise, never the questions x corpus matrix), optionally fused with BM25 at the
+recorded weight (utils.retriever.fusion). For corpora beyond memory or approximate search it exports to FAISS.
+
+    from utils.retriever.index import Index, Retriever
+    index = Retriever("outputs/dpr-squad").index("corpus.jsonl")   # or a list of {"title", "text", "passage_id"}
+    index.save("outputs/corpus-index")                               # later: Index.load("outputs/corpus-index")
+    for hits in index.search(["Who designed the Corran lighthouse?"], k=5, hybrid=True):
+        print([(h["passage_id"], round(h["score"], 3)) for h in hits])
+"""
+
+import json
+import os
+import shutil
+from dataclasses import asdict
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from utils.loop.errors import UserError
+from utils.loop.jsonfiles import json_line
+from utils.retriever.bi_encoder import load_bi_encoder
+from utils.retriever.bm25 import BM25
+from utils.retriever.data import load_passages
+from utils.retriever.encoding import encode_texts, load_tokenizers, tokenize_passages, tokenize_questions
+from utils.retriever.fusion import convex_fusion, gather_candidates
+from utils.retriever.search import Vectors, score_passages, top_k
+from utils.retriever.sentence_windows import sentence_windows
+from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings
+
+INDEX_FILE, FORMAT = "index.json", 1
+
+
+class Retriever:
+    """The encoders of a retriever trained by train_dpr.py, with its ranking settings."""
+
+    def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64):
+        self.model_dir = os.path.abspath(model_dir)
+        self.settings = RetrieverSettings.load(model_dir)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.batch_size = batch_size
+        self._args = SimpleNamespace(**asdict(self.settings), length_buckets=1,
+                                     query_model_name_or_path=os.path.join(model_dir, QUERY_ENCODER),
+                                     passage_model_name_or_path=os.path.join(model_dir, PASSAGE_ENCODER))
+        self.q_tok, self.p_tok = load_tokenizers(self._args)
+        self.model = load_bi_encoder(self._args).to(self.device).eval()
+
+    @property
+    def dimension(self) -> int:
+        return self.model.query_encoder.config.hidden_size
+
+    def encode_questions(self, questions: list[str]) -> torch.Tensor:
+        tokens = tokenize_questions(self.q_tok, list(questions), self._args)
+        return encode_texts(self.model, tokens, "query", self.q_tok.pad_token_id, self.batch_size, self.device)
+
+    def index(self, passages, dtype: str = "float32", bm25: bool = True, progress: bool = True) -> "Index":
+        """Embed `passages` (a list of {"title", "text", "passage_id"}, or a JSON-lines file of them) as the run
+        ranked them. float16 halves the index's memory for scores within about 1e-3 of float32's (exact: float32).
+        With `bm25`, a BM25 index for the hybrid is built too."""
+        passages = load_passages(passages) if isinstance(passages, str) else list(passages)
+        if dtype not in ("float32", "float16"):
+            raise UserError(f"index dtype {dtype!r}: choose float32 or float16")
+        windows, owner = sentence_windows(passages, self.settings.window_sentences)
+        tokens = tokenize_passages(self.p_tok, windows, self._args)
+        embeddings = encode_texts(self.model, tokens, "passage", self.p_tok.pad_token_id, self.batch_size,
+                                  self.device, progress="indexing" if progress else None)
+        return Index(self, embeddings.numpy().astype(dtype),
+                     owner if self.settings.window_sentences else None, passages, BM25(passages) if bm25 else None)
+
+
+class Index:
+    """Embeddings of a corpus (rows: passages, or their sentence windows with `owner`), the passages, optionally
+    BM25 over them, and the retriever that made it (to encode questions)."""
+
+    def __init__(self, retriever: Retriever | None, embeddings, owner, passages: list[dict], bm25: BM25 | None,
+                 model_dir: str | None = None):
+        self._retriever, self.model_dir = retriever, model_dir or (retriever.model_dir if retriever else None)
+        self.vectors = Vectors(embeddings, owner, len(passages))
+        self.passages, self.bm25 = passages, bm25
+
+    @property
+    def retriever(self) -> Retriever:
+        if self._retriever is None:  # loaded from a directory: the retriever it names, on first use
+            self._retriever = Retriever(self.model_dir)
+        return self._retriever
+
+    def search(self, questions: list[str], k: int = 10, hybrid: bool = False) -> list[list[dict]]:
+        """Per question its k best passages, best first: {"passage_id", "title", "text", "score"}. Dense, or with
+        `hybrid` fused with BM25 at the retriever's recorded dense weight over both rankings' candidates."""
+        q = self.retriever.encode_questions(questions)
+        settings = self.retriever.settings
+        depth = max(k, settings.hybrid_candidates) if hybrid else k
+        scores, ids, _ = top_k(q, self.vectors, depth)
+        if hybrid:
+            if self.bm25 is None:
+                raise UserError("this index has no BM25 (built with bm25=False): search with hybrid=False")
+            if settings.hybrid_dense_weight is None:
+                raise UserError(f"{self.model_dir}: no recorded hybrid dense weight")
+            lex_s, lex_i, _, lex_of_dense = self.bm25.search(list(questions), settings.hybrid_candidates,
+                                                             score_ids=ids)
+            c = gather_candidates(scores, ids, lex_s, lex_i, lex_of_dense, score_passages(q, self.vectors, lex_i))
+            fused = convex_fusion(c, settings.hybrid_dense_weight)
+            order = np.argsort(-fused, axis=1, kind="stable")[:, :k]
+            scores, ids = np.take_along_axis(fused, order, 1), np.take_along_axis(c.ids, order, 1)
+        return [[{**self._passage(int(j)), "score": float(s)} for s, j in zip(row_s[:k], row_i[:k]) if j >= 0]
+                for row_s, row_i in zip(scores, ids)]
+
+    def _passage(self, j: int) -> dict:
+        p = self.passages[j]
+        return {"passage_id": p["passage_id"], "title": p["title"], "text": p["text"]}
+
+    # --- on disk ---
+
+    def save(self, directory: str) -> None:
+        """embeddings.npy (+ owner.npy for sentence windows), passages.jsonl, bm25/ and index.json, written to a
+        temporary directory and renamed into place."""
+        tmp = directory.rstrip("/") + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        np.save(os.path.join(tmp, "embeddings.npy"), np.asarray(self.vectors.embeddings))
+        if self.vectors.owner is not None:
+            np.save(os.path.join(tmp, "owner.npy"), self.vectors.owner)
+        with open(os.path.join(tmp, "passages.jsonl"), "w", encoding="utf-8") as f:
+            f.writelines(json_line(p) + "\n" for p in self.passages)
+        if self.bm25 is not None:
+            self.bm25.save(os.path.join(tmp, "bm25"))
+        rows, dim = np.asarray(self.vectors.embeddings).shape
+        meta = {"format": FORMAT, "model": self.model_dir, "settings": asdict(self.retriever.settings),
+                "dimension": int(dim), "dtype": str(np.asarray(self.vectors.embeddings).dtype), "vectors": int(rows),
+                "passages": len(self.passages), "bm25": self.bm25 is not None}
+        with open(os.path.join(tmp, INDEX_FILE), "w") as f:
+            json.dump(meta, f, indent=1)
+        if os.path.exists(directory):
+            shutil.rmtree(directory)
+        os.replace(tmp, directory)
+
+    @classmethod
+    def load(cls, directory: str, retriever: Retriever | None = None) -> "Index":
+        """An index saved by `save`, its embeddings memory-mapped. Every mismatch (files missing, shapes, another
+        retriever's settings or dimension) is a one-line UserError naming the directory."""
+        meta = _read_meta(directory)
+        embeddings = np.load(os.path.join(directory, "embeddings.npy"), mmap_mode="r")
+        if embeddings.shape != (meta["vectors"], meta["dimension"]) or str(embeddings.dtype) != meta["dtype"]:
+            raise UserError(f"{directory}: embeddings.npy is {embeddings.dtype} {embeddings.shape}, index.json says "
+                            f"{meta['dtype']} ({meta['vectors']}, {meta['dimension']})")
+        owner = None
+        if meta["settings"].get("window_sentences"):
+            owner = _load_array(directory, "owner.npy")
+            if len(owner) != meta["vectors"] or (len(owner) and int(owner[-1]) + 1 != meta["passages"]):
+                raise UserError(f"{directory}: owner.npy does not map the {meta['vectors']} vectors to "
+                                f"{meta['passages']} passages")
+        passages = load_passages(os.path.join(directory, "passages.jsonl"))
+        if len(passages) != meta["passages"]:
+            raise UserError(f"{directory}: passages.jsonl holds {len(passages)} passages, index.json says "
+                            f"{meta['passages']}")
+        if retriever is not None:
+            _check_compatible(directory, meta, retriever)
+        bm25 = BM25.load(os.path.join(directory, "bm25"), len(passages)) if meta.get("bm25") else None
+        return cls(retriever, embeddings, owner, passages, bm25, model_dir=meta["model"])
+
+    # --- FAISS ---
+
+    def to_faiss(self, kind: str = "flat", hnsw_m: int = 32):
+        """A FAISS index (faiss-cpu) over the stored vectors, inner product (cosine retrievers' vectors are
+        normalised): "flat" (exact) or "hnsw" (approximate, `hnsw_m` links per node). Row i is vector i of this
+        index: with sentence windows, map rows to passages with `search_faiss` or this index's owner array."""
+        import faiss
+
+        vectors = np.ascontiguousarray(np.asarray(self.vectors.embeddings, dtype=np.float32))
+        if kind == "flat":
+            out = faiss.IndexFlatIP(vectors.shape[1])
+        elif kind == "hnsw":
+            out = faiss.IndexHNSWFlat(vectors.shape[1], hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        else:
+            raise UserError(f"FAISS index kind {kind!r}: choose flat or hnsw")
+        out.add(vectors)
+        return out
+
+    def search_faiss(self, faiss_index, questions: list[str], k: int = 10) -> list[list[dict]]:
+        """`search` through a FAISS index of this index's vectors (`to_faiss`). With sentence windows it asks for k x
+        the most windows a passage has and keeps each passage's best window: exact for a flat index (those windows
+        hold at least k distinct passages)."""
+        q = np.ascontiguousarray(self.retriever.encode_questions(questions).numpy())
+        per = int(np.diff(self.vectors.starts).max()) if self.vectors.count else 1
+        scores, rows = faiss_index.search(q, min(k * per, len(self.vectors.embeddings)))
+        owner = self.vectors.owner
+        out = []
+        for row_s, row_r in zip(scores, rows):
+            seen, hits = set(), []
+            for s, r in zip(row_s, row_r):
+                p = int(owner[r]) if owner is not None and r >= 0 else int(r)
+                if r < 0 or p in seen:
+                    continue
+                seen.add(p)
+                hits.append({**self._passage(p), "score": float(s)})
+                if len(hits) == k:
+                    break
+            out.append(hits)
+        return out
+
+
+def _read_meta(directory: str) -> dict:
+    path = os.path.join(directory, INDEX_FILE)
+    if not os.path.isfile(path):
+        raise UserError(f"{directory}: not an index (no {INDEX_FILE})")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+        missing = [k for k in ("format", "model", "settings", "dimension", "dtype", "vectors", "passages") if k not in meta]
+    except ValueError as err:
+        raise UserError(f"{path}: malformed ({err})") from None
+    if missing:
+        raise UserError(f"{path}: malformed (missing {', '.join(missing)})")
+    if meta["format"] != FORMAT:
+        raise UserError(f"{path}: index format {meta['format']}, this version reads {FORMAT}")
+    return meta
+
+
+def _load_array(directory: str, name: str) -> np.ndarray:
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+        raise UserError(f"{directory}: {name} is missing")
+    return np.load(path, mmap_mode="r")
+
+
+def _check_compatible(directory: str, meta: dict, retriever: Retriever) -> None:
+    if meta["dimension"] != retriever.dimension:
+        raise UserError(f"{directory}: {meta['dimension']}-dimensional vectors, but {retriever.model_dir} embeds in "
+                        f"{retriever.dimension}")
+    ours = asdict(retriever.settings)
+    differ = [k for k in ("pooling", "similarity", "embed_title", "window_sentences", "max_passage_length")
+              if meta["settings"].get(k) != ours[k]]
+    if differ:
+        raise UserError(f"{directory}: built with other settings than {retriever.model_dir} ranks with ("
+                        + ", ".join(f"{k}: {meta['settings'].get(k)} vs {ours[k]}" for k in differ) + ")")

@@ -1,0 +1,347 @@
+"""Exact dense search that scales: the one engine behind evaluation, the negatives refresh and the Retriever API.
+
+Questions are scored against the passage embeddings block by block, on the device that holds the queries, and
+only each question's k best passages are kept: memory is one block of scores plus k results per question, never
+the questions x corpus matrix (21M passages x 6,515 questions would be half a terabyte in float32). A passage cut
+into sentence windows scores as its best window (MaxP); blocks end on passage boundaries, so that is exact too.
+Under several processes each one holds a contiguous shard of the passages (`shard`), searches it, and the
+per-process results are merged (`merged_top_k`, `summed_counts`, `max_scores`): the same result as one process,
+ties aside. Ties and NaN follow the project's one rank rule (utils.retriever.ranking): NaN scores rank last, and
+`count_at_least` counts ties against the passage being ranked.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Vectors:
+    """Embeddings of passages, or of this process's shard of them. Rows are the passages themselves or, with
+    `owner`, their sentence windows in passage order (owner[row] = the local passage, non-decreasing). `offset` is
+    the global id of local passage 0. `embeddings` may be a numpy memmap (float16 or float32)."""
+
+    embeddings: object  # (rows, dim): np.ndarray (memmap) or torch.Tensor
+    owner: np.ndarray | None = None
+    count: int | None = None  # passages; default: one per row
+    offset: int = 0
+
+    def __post_init__(self):
+        rows = len(self.embeddings)
+        if self.count is None:
+            self.count = int(self.owner[-1]) + 1 if self.owner is not None and rows else rows
+        if self.owner is None:
+            self.starts = np.arange(self.count + 1, dtype=np.int64)
+        else:
+            self.starts = np.searchsorted(self.owner, np.arange(self.count + 1)).astype(np.int64)
+        if self.starts[-1] != rows:
+            raise ValueError(f"{rows} embedding rows but the owners account for {self.starts[-1]}")
+
+    def rows(self, first: int, last: int, device) -> torch.Tensor:
+        """Embedding rows first:last as float32 on `device`."""
+        return self._tensor(self.embeddings[first:last], device)
+
+    def take(self, rows: np.ndarray, device) -> torch.Tensor:
+        """The given embedding rows as float32 on `device`."""
+        if isinstance(self.embeddings, torch.Tensor):
+            return self._tensor(self.embeddings[torch.as_tensor(rows)], device)
+        return self._tensor(self.embeddings[rows], device)
+
+    @staticmethod
+    def _tensor(block, device) -> torch.Tensor:
+        block = block if isinstance(block, torch.Tensor) else torch.from_numpy(np.asarray(block))
+        return block.to(device=device, dtype=torch.float32)
+
+
+def shard(count: int, process_index: int, num_processes: int) -> range:
+    """This process's contiguous share of `count` passages (the first ones get one more when it does not divide)."""
+    per, extra = divmod(count, num_processes)
+    first = process_index * per + min(process_index, extra)
+    return range(first, first + per + (process_index < extra))
+
+
+def _blocks(vectors: Vectors, block_rows: int):
+    """(first passage, last passage) ranges of about block_rows rows each, cut on passage boundaries."""
+    first = 0
+    while first < vectors.count:
+        last = int(np.searchsorted(vectors.starts, vectors.starts[first] + block_rows, side="right")) - 1
+        last = min(max(last, first + 1), vectors.count)
+        yield first, last
+        first = last
+
+
+def _passage_scores(scores: torch.Tensor, vectors: Vectors, first: int, last: int) -> torch.Tensor:
+    """Window scores (queries x rows of passages first:last) -> passage scores (their best window)."""
+    if vectors.owner is not None and vectors.starts[last] - vectors.starts[first] != last - first:
+        local = vectors.starts[first:last] - vectors.starts[first]
+        if scores.device.type == "cpu":  # numpy's segment max: one pass, no index tensor
+            scores = torch.from_numpy(np.maximum.reduceat(scores.numpy(), local, axis=1))
+        else:
+            owner = torch.as_tensor(vectors.owner[vectors.starts[first]:vectors.starts[last]] - first,
+                                    device=scores.device)
+            best = scores.new_full((len(scores), last - first), float("-inf"))
+            scores = best.scatter_reduce_(1, owner.expand(len(scores), -1), scores, reduce="amax")
+    return scores
+
+
+def _monotonic(vals: torch.Tensor) -> torch.Tensor:
+    """float32 values as int64 in the same order (the float bits, negatives flipped)."""
+    bits = vals.float().contiguous().view(torch.int32).long()
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+def _keys(vals: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordered by value, then by the smaller id (ids below 2^31): the selection rule as one number."""
+    return _monotonic(vals) * (1 << 31) + ((1 << 31) - 1 - ids)
+
+
+LOWEST = torch.iinfo(torch.int64).min
+
+
+class _Best:
+    """The k best passages per query seen so far, kept as selection keys (utils: `_keys`) so that equal scores go
+    to the smaller id whatever the blocks or shards. Each block's scores are first cut at the query's k-th best so
+    far (ties stay): after the first blocks few pass, and the k-th best is exact after every block."""
+
+    def __init__(self, n_rows: int, k: int, device):
+        self.k = k
+        self.keys = torch.full((n_rows, k), LOWEST, dtype=torch.long, device=device)
+        self.scores = torch.full((n_rows, k), float("-inf"), device=device)
+        self.ids = torch.full((n_rows, k), -1, dtype=torch.long, device=device)
+        self.floor = torch.full((n_rows,), float("-inf"), device=device)
+        self.started = False
+
+    def add(self, scores: torch.Tensor, rows: torch.Tensor, first_id: int) -> None:
+        """Take one block's scores of the queries `rows` (scores[i] belongs to query rows[i])."""
+        if not self.started and scores.shape[1] >= self.k and len(rows) == len(self.keys):
+            # The first block's k-th best is a safe cut at once (the final k-th best can only be higher).
+            self.floor = scores.topk(self.k, dim=1).values[:, -1]
+        self.started = True
+        r, cols = torch.nonzero(scores >= self.floor[rows, None], as_tuple=True)  # grouped by row, in column order
+        self.add_entries(rows[r], cols + first_id, scores[r, cols])
+
+    def add_entries(self, r: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor) -> None:
+        """Take scored passages: query r[i] scores passage ids[i] vals[i]; r grouped (ascending)."""
+        if not len(r):
+            return
+        rows, r = torch.unique_consecutive(r, return_inverse=True)
+        counts = torch.bincount(r, minlength=len(rows))
+        pos = torch.arange(len(r), device=r.device) - (counts.cumsum(0) - counts)[r]
+        width = int(counts.max())
+        new_keys = torch.full((len(rows), width), LOWEST, dtype=torch.long, device=r.device)
+        new_vals = torch.full((len(rows), width), float("-inf"), device=r.device)
+        new_ids = torch.full((len(rows), width), -1, dtype=torch.long, device=r.device)
+        new_keys[r, pos], new_vals[r, pos], new_ids[r, pos] = _keys(vals, ids), vals, ids
+        keys = torch.cat([self.keys[rows], new_keys], 1)
+        top = keys.topk(self.k, dim=1).indices
+        self.keys[rows] = keys.gather(1, top)
+        self.scores[rows] = torch.cat([self.scores[rows], new_vals], 1).gather(1, top)
+        self.ids[rows] = torch.cat([self.ids[rows], new_ids], 1).gather(1, top)
+        full = self.ids[rows, -1] >= 0
+        self.floor[rows] = torch.where(full, self.scores[rows, -1], torch.full_like(self.floor[rows], float("-inf")))
+
+    def merge(self) -> None:
+        """Best first (the kept entries are in selection order already)."""
+
+
+def _select(rows: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor, n_rows: int, k: int):
+    """Per row, the k best (row, id, value) entries by the selection rule (`_keys`): merging the shards' results."""
+    order = _keys(vals, ids).argsort(descending=True, stable=True)
+    order = order[rows[order].argsort(stable=True)]
+    rows, ids, vals = rows[order], ids[order], vals[order]
+    counts = torch.bincount(rows, minlength=n_rows)
+    pos = torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[rows]
+    keep = pos < k
+    best_s = vals.new_full((n_rows, k), float("-inf"))
+    best_i = torch.full((n_rows, k), -1, dtype=torch.long, device=rows.device)
+    best_s[rows[keep], pos[keep]] = vals[keep]
+    best_i[rows[keep], pos[keep]] = ids[keep]
+    return best_s, best_i
+
+
+# |bf16 score - fp32 score| <= BF16_ERROR x |q| x |w|: inputs rounded to bf16 (2 x 2^-8 for a product), the fp32
+# accumulation of 384-1024 products (< 1e-4) and the bf16 output (2^-8), with a margin.
+BF16_ERROR = 0.0120
+
+
+def bf16_prefilter_available(device) -> bool:
+    """A bf16 product is only worth it where the hardware has it (AVX512-BF16/AMX CPUs). On CUDA fp32 is fast and
+    cuBLAS may reduce bf16 products in bf16, which the error bound does not cover."""
+    return device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _exact_scores(q: torch.Tensor, w: torch.Tensor, vectors: Vectors, first: int, last: int) -> torch.Tensor:
+    """fp32 passage scores of the queries q for passages first:last (block vectors w); NaN -> -inf."""
+    scores = _passage_scores(q @ w.T, vectors, first, last)
+    if torch.isnan(scores.amax(1)).any():  # a NaN embedding: its scores rank last
+        scores = torch.nan_to_num(scores, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    return scores
+
+
+def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, exclude=None, block_rows: int | None = None,
+          query_block: int = 4096, prefilter: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(scores, ids, counts): each query's k best passages of `vectors` (global ids, best first, ties by the smaller
+    id; fewer columns when there are fewer passages) and, with `thresholds` (one score per query), how many passages
+    other than those in `exclude` (query x ids, -1 padded: the gold passages) score at least that much: with the
+    gold passages' best score as threshold (`gold_scores`), a gold passage's rank is that count + 1
+    (utils.retriever.ranking's rule). Blocks of about `block_rows` vectors keep each block's scores in cache.
+
+    Exact in fp32 whatever the hardware. Where bf16 products are fast and a block holds few of a query's k best on
+    average (`prefilter`, default: then), each block after the first is scored in bf16 first, and only the queries
+    whose best bf16 score could, within the bf16 error bound, reach their k-th best so far (or their threshold) are
+    scored in fp32: in a large corpus, a small share of them."""
+    device = queries.device
+    k = min(k, vectors.count)
+    if prefilter is None:  # worth it when a block holds, on average, well under one of a query's k best; not when
+        # counting: the counts must come from the very products `gold_scores` computed the thresholds with
+        prefilter = (thresholds is None and bf16_prefilter_available(device)
+                     and k * 1024 < 0.2 * len(vectors.embeddings))
+    block_rows = block_rows or (512 if prefilter else 1024)  # finer blocks skip more work behind the prefilter
+    out_scores, out_ids, out_counts = [], [], []
+    for q0 in range(0, len(queries), query_block):
+        q = queries[q0:q0 + query_block].float()
+        every = torch.arange(len(q), device=device)
+        q_b, q_norm = (q.bfloat16(), q.norm(dim=1)) if prefilter else (None, None)
+        best, counts = _Best(len(q), k, device), torch.zeros(len(q), dtype=torch.long, device=device)
+        limit = None
+        if thresholds is not None:
+            limit = torch.as_tensor(np.asarray(thresholds[q0:q0 + query_block], dtype=np.float32), device=device)
+            limit = torch.nan_to_num(limit, nan=float("-inf"))
+            skip = None if exclude is None else torch.as_tensor(np.asarray(exclude[q0:q0 + query_block]), device=device)
+        for first, last in _blocks(vectors, block_rows):
+            w = vectors.rows(vectors.starts[first], vectors.starts[last], device)
+            rows = every
+            if prefilter and best.started:  # only the queries whose best bf16 score could reach the cut
+                approx = (q_b @ w.bfloat16().T).amax(1).float()
+                reach = approx + BF16_ERROR * q_norm * w.norm(dim=1).max()
+                target = best.floor if limit is None else torch.minimum(best.floor, limit)
+                rows = torch.nonzero((reach >= target) | torch.isnan(approx), as_tuple=True)[0]
+                if not len(rows):
+                    continue
+            scores = _exact_scores(q[rows] if len(rows) < len(q) else q, w, vectors, first, last)
+            if limit is not None:
+                above = scores >= limit[rows, None]
+                if skip is not None:  # the excluded passages of this block
+                    local = skip[rows] - (first + vectors.offset)
+                    inside = (skip[rows] >= 0) & (local >= 0) & (local < last - first)
+                    r, c = torch.nonzero(inside, as_tuple=True)
+                    above[r, local[r, c]] = False
+                counts[rows] += torch.count_nonzero(above, dim=1)
+            best.add(scores, rows, first + vectors.offset)
+        best.merge()
+        out_scores.append(best.scores.cpu())
+        out_ids.append(best.ids.cpu())
+        out_counts.append(counts.cpu())
+    if not out_scores:
+        return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64), None
+    return (torch.cat(out_scores).numpy(), torch.cat(out_ids).numpy(),
+            torch.cat(out_counts).numpy() if thresholds is not None else None)
+
+
+def gold_scores(queries: torch.Tensor, vectors: Vectors, gold_ids: np.ndarray, block_rows: int = 1024,
+                query_block: int = 4096) -> np.ndarray:
+    """Each query's best score of its gold passages (query x ids, -1 padded; -inf where none is in this shard),
+    computed with the very block products `top_k` computes, so that `top_k` can rank the gold exactly: a score
+    computed another way can differ in the last bit and turn a near-tie around."""
+    device = queries.device
+    out = np.full(len(queries), -np.inf, dtype=np.float32)
+    gold_ids = np.asarray(gold_ids, dtype=np.int64)
+    for q0 in range(0, len(queries), query_block):
+        gold = gold_ids[q0:q0 + query_block] - vectors.offset
+        mine = (gold_ids[q0:q0 + query_block] >= 0) & (gold >= 0) & (gold < vectors.count)
+        if not mine.any():
+            continue
+        q = queries[q0:q0 + query_block].float()
+        for first, last in _blocks(vectors, block_rows):
+            inside = mine & (gold >= first) & (gold < last)
+            if not inside.any():
+                continue
+            w = vectors.rows(vectors.starts[first], vectors.starts[last], device)
+            scores = _exact_scores(q, w, vectors, first, last).cpu().numpy()
+            rows, cols = np.nonzero(inside)
+            np.maximum.at(out, q0 + rows, scores[rows, gold[rows, cols] - first])
+    return out
+
+
+def score_passages(queries: torch.Tensor, vectors: Vectors, ids: np.ndarray, query_block: int = 16) -> np.ndarray:
+    """scores[i, j] = query i's score of passage ids[i, j] (global id; its best window), -inf where that passage is
+    not in `vectors` (another shard) or the id is -1."""
+    ids = np.asarray(ids, dtype=np.int64)
+    out = np.full(ids.shape, -np.inf, dtype=np.float32)
+    local = ids - vectors.offset
+    present = (ids >= 0) & (local >= 0) & (local < vectors.count)
+    for q0 in range(0, len(ids), query_block):
+        rows_q, cols = np.nonzero(present[q0:q0 + query_block])
+        if not len(rows_q):
+            continue
+        passages = local[q0:q0 + query_block][rows_q, cols]
+        lengths = vectors.starts[passages + 1] - vectors.starts[passages]
+        window_rows = np.concatenate([np.arange(vectors.starts[p], vectors.starts[p + 1]) for p in passages])
+        pair = np.repeat(np.arange(len(passages)), lengths)
+        q = queries[q0:q0 + query_block].float()
+        w = vectors.take(window_rows, q.device)
+        dots = (q[torch.as_tensor(rows_q[pair], device=q.device)] * w).sum(1).cpu().numpy()
+        dots = np.where(np.isnan(dots), -np.inf, dots)
+        best = np.full(len(passages), -np.inf, dtype=np.float32)
+        np.maximum.at(best, pair, dots)
+        out[q0 + rows_q, cols] = best
+    return out
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def merged_top_k(scores: np.ndarray, ids: np.ndarray, k: int, device="cpu") -> tuple[np.ndarray, np.ndarray]:
+    """Every process's top-k of its shard -> the top-k of the whole collection, on every process (the same
+    selection rule as `top_k`: equal scores by the smaller id)."""
+    if _world() == 1:
+        return scores, ids
+    s, i = torch.as_tensor(scores, device=device), torch.as_tensor(ids, device=device)
+    width = torch.tensor([s.shape[1]], device=device)
+    widths = [torch.zeros_like(width) for _ in range(_world())]
+    dist.all_gather(widths, width)
+    pad = int(max(w.item() for w in widths))  # a shard smaller than k returns fewer columns: pad to gather
+    s = torch.cat([s, s.new_full((len(s), pad - s.shape[1]), float("-inf"))], 1)
+    i = torch.cat([i, i.new_full((len(i), pad - i.shape[1]), -1)], 1)
+    all_s, all_i = [torch.empty_like(s) for _ in range(_world())], [torch.empty_like(i) for _ in range(_world())]
+    dist.all_gather(all_s, s)
+    dist.all_gather(all_i, i)
+    s, i = torch.cat(all_s, 1), torch.cat(all_i, 1)
+    held = i >= 0
+    keep = int(min(k, sum(w.item() for w in widths)))
+    best = _select(torch.nonzero(held, as_tuple=True)[0], i[held], s[held], len(s), keep)
+    return best[0].cpu().numpy(), best[1].cpu().numpy()
+
+
+def summed_counts(counts: np.ndarray, device="cpu") -> np.ndarray:
+    if _world() == 1:
+        return counts
+    t = torch.as_tensor(counts, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.cpu().numpy()
+
+
+def max_scores(scores: np.ndarray, device="cpu") -> np.ndarray:
+    """Per-shard scores (-inf where a shard does not hold the passage) -> every passage's score, on every process."""
+    if _world() == 1:
+        return scores
+    t = torch.as_tensor(scores, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.cpu().numpy()
+
+
+def dense_search(queries: torch.Tensor, vectors: Vectors, k: int, gold_ids: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(scores, ids, gold ranks) over the whole collection, whichever shard of it this process holds: each query's
+    k best passages and, with `gold_ids` (query x ids, -1 padded), the rank of its best gold passage (1 + the other
+    passages scoring at least as high). A collective under several processes: every process calls it."""
+    device = queries.device
+    thresholds = None
+    if gold_ids is not None:  # first the gold passages' scores, from the same block products as the search
+        thresholds = max_scores(gold_scores(queries, vectors, gold_ids), device)
+    scores, ids, counts = top_k(queries, vectors, k, thresholds, gold_ids)
+    scores, ids = merged_top_k(scores, ids, k, device)
+    return scores, ids, (summed_counts(counts, device) + 1 if gold_ids is not None else None)

@@ -1,0 +1,60 @@
+"""How a trained retriever ranks, written beside its encoders (`retriever_settings.json`) so that everything that uses
+it ranks exactly as its training run's evaluation did: the eval-only mode, the Retriever API and its index.
+
+Without it, loading the encoders elsewhere (SentenceTransformer(dir).encode on whole paragraphs, say) silently
+ranks another way than the one trained and measured: a sentence-trained encoder must index sentence windows and
+rank a passage by its best one, questions must be cut at the same length, and the hybrid needs its dense weight.
+"""
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+
+from utils.loop.errors import UserError
+
+SETTINGS_FILE = "retriever_settings.json"
+QUERY_ENCODER, PASSAGE_ENCODER = "query_encoder", "passage_encoder"
+
+
+@dataclass
+class RetrieverSettings:
+    pooling: str  # "cls" or "mean"
+    similarity: str  # "dot" or "cosine" (embeddings normalised)
+    temperature: float  # the training loss's; ranking does not depend on it
+    shared_encoder: bool
+    embed_title: bool  # passages encoded as the pair (title, text)
+    window_sentences: int  # 0: one vector per passage; N: windows of N sentences, a passage ranks by its best
+    max_query_length: int
+    max_passage_length: int
+    # The hybrid with BM25: dense weight of the convex combination of per-question min-max normalised scores over
+    # `hybrid_candidates` candidates of each ranking, tuned on the dev questions of the run (None: never tuned).
+    hybrid_dense_weight: float | None = None
+    hybrid_candidates: int = 100
+    hybrid_tuned_on: dict | None = None  # {"data", "questions"}
+    bm25: dict = field(default_factory=lambda: {"text": "title text", "stopwords": "en", "stemmer": "english"})
+
+    def save(self, directory: str) -> None:
+        with open(os.path.join(directory, SETTINGS_FILE), "w") as f:
+            json.dump(asdict(self), f, indent=1)
+
+    @classmethod
+    def load(cls, directory: str) -> "RetrieverSettings":
+        """The settings of a retriever directory written by train_dpr.py; a one-line UserError otherwise."""
+        path = os.path.join(directory, SETTINGS_FILE)
+        if not os.path.isdir(directory):
+            raise UserError(f"{directory}: no such directory")
+        if not os.path.isfile(path):
+            raise UserError(f"{directory}: not a retriever written by train_dpr.py (no {SETTINGS_FILE})")
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+            known = {f.name for f in fields(cls)}
+            settings = cls(**{k: v for k, v in saved.items() if k in known})
+        except (ValueError, TypeError) as err:
+            raise UserError(f"{path}: malformed ({err})") from None
+        if settings.pooling not in ("cls", "mean") or settings.similarity not in ("dot", "cosine"):
+            raise UserError(f"{path}: malformed (pooling {settings.pooling!r}, similarity {settings.similarity!r})")
+        for side in (QUERY_ENCODER, PASSAGE_ENCODER):
+            if not os.path.isfile(os.path.join(directory, side, "config.json")):
+                raise UserError(f"{directory}: {side}/ is missing or holds no model")
+        return settings
