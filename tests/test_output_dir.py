@@ -55,7 +55,8 @@ def test_publishing_replaces_the_directory_as_a_whole_and_keeps_the_runs_state(t
     run_script("train_dpr.py", *tiny_dpr(tiny_bert_dir, out, "--max_train_steps", 2, "--checkpointing_steps", 2,
                                           "--overwrite_output_dir"))
     assert sorted(os.listdir(out)) == sorted([MARKER, "checkpoints", "eval_results.json", "passage_encoder",
-                                              "query_encoder", "rankings.jsonl", "train_log.jsonl"])
+                                              "query_encoder", "rankings.jsonl", "retriever_settings.json",
+                                              "train_log.jsonl"])
     assert os.listdir(os.path.join(out, "checkpoints")) == ["step_2"] and read_marker(out)["state"] == "published"
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no staging directory left behind
 
