@@ -46,6 +46,7 @@ from utils.loop.process import setup
 from utils.loop.run import run
 from utils.reader.decoding import MODEL_INPUTS
 from utils.reader.evaluate_or_predict import evaluate_or_predict
+from utils.reader.negatives import with_negative_passages
 from utils.reader.squad_data import is_impossible, load_squad, split_by_article
 from utils.reader.task import ReaderTask, prepare_eval_set
 from utils.reader.trained import ReaderSettings, load_qa_model
@@ -98,6 +99,13 @@ class ReaderArgs(TrainArgs):
         "questions) and, on SQuAD v2 data, the same at the dev-tuned threshold: tuned_exact, tuned_f1, ...")
     group_by_length: bool = arg(True, "Batch windows of similar length together (random order across buckets) to "
                                       "cut padding.")
+    negative_passages: int = arg(0, "Per training question and epoch, N passages of --passages that hold none of its "
+                                 "answer strings, read as unanswerable windows (drawn anew each epoch from its "
+                                 "best-ranked ones): teaches a reader that will read retrieved passages to abstain.")
+    passages: Optional[str] = arg(None, "The corpus the negative passages come from (JSON lines of title/text/"
+                                        "passage_id).")
+    negatives_retriever: Optional[str] = arg(None, "Rank the negative passages with this trained retriever "
+                                                   "(train_dpr.py's output) instead of BM25.")
     preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
     cache_dir: Optional[str] = arg(None, "Cache for tokenised datasets (default: ~/.cache/qa-amp).")
 
@@ -111,7 +119,13 @@ class ReaderArgs(TrainArgs):
             self.num_train_epochs = 8.0
 
     def validate(self):
-        check_input_files(self, "train_file", "validation_file", "predict_file")
+        check_input_files(self, "train_file", "validation_file", "predict_file", "passages")
+        if self.negative_passages < 0:
+            raise UserError("--negative_passages must be >= 0")
+        if (self.negative_passages > 0) != (self.passages is not None) or (self.negatives_retriever
+                                                                              and not self.negative_passages):
+            raise UserError("--negative_passages N needs --passages (the corpus), and --passages and "
+                            "--negatives_retriever are for --negative_passages")
         check_model_dir(self.model_name_or_path, "model_name_or_path")
         recorded = ReaderSettings.load(self.model_name_or_path) or ReaderSettings()
         for name in ("max_seq_length", "doc_stride", "max_query_length", "n_best_size", "max_answer_length"):
@@ -200,9 +214,16 @@ def main(argv=None):
     train_features = tokenize_windows(accelerator, args, tokenizer, train_examples, for_training=True)
     if len(train_features) == 0:
         raise UserError("no training windows after tokenisation")
+    epoch_items = None
+    if args.negative_passages:  # + unanswerable windows from retrieved passages, drawn anew each epoch
+        train_features, epoch_items, pool = with_negative_passages(accelerator, args, tokenizer, train_examples,
+                                                                   train_features)
+        logger.info("train: + %d negative passages per question per epoch, from a pool of %d", args.negative_passages,
+                    pool)
     inputs = [c for c in MODEL_INPUTS if c in train_features.column_names]
     batch_sampler = LengthGroupedBatchSampler([len(x) for x in train_features["input_ids"]],
-                                              args.per_device_train_batch_size, args.seed, args.group_by_length)
+                                              args.per_device_train_batch_size, args.seed, args.group_by_length,
+                                              epoch_items=epoch_items)
     train_loader = DataLoader(train_features.select_columns(inputs + ["start_positions", "end_positions"]),
                               batch_sampler=batch_sampler, collate_fn=collate,
                               # Own generator: creating an iterator must not draw from the global RNG, or a

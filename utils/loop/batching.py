@@ -12,23 +12,31 @@ import torch
 
 class LengthGroupedBatchSampler(torch.utils.data.Sampler):
     """Yields lists of indices. The order is a pure function of (seed, epoch): `set_epoch` before
-    iterating, and a resumed run that skips the first k batches sees exactly the batches it missed."""
+    iterating, and a resumed run that skips the first k batches sees exactly the batches it missed.
+    `epoch_items(epoch)`, where given, chooses the inputs of each epoch (as many every epoch: the updates are
+    planned from this sampler's length); by default every input, every epoch."""
 
-    def __init__(self, lengths, batch_size: int, seed: int, group_by_length: bool = True, mega_batches: int = 50):
+    def __init__(self, lengths, batch_size: int, seed: int, group_by_length: bool = True, mega_batches: int = 50,
+                 epoch_items=None):
         self.lengths = np.asarray(lengths)
         self.batch_size, self.seed, self.group_by_length = batch_size, seed, group_by_length
         self.mega = mega_batches * batch_size
+        self.epoch_items = epoch_items
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def _items(self) -> np.ndarray:
+        return np.arange(len(self.lengths)) if self.epoch_items is None else np.asarray(self.epoch_items(self.epoch))
+
     def __len__(self):
-        return (len(self.lengths) + self.batch_size - 1) // self.batch_size
+        return (len(self._items()) + self.batch_size - 1) // self.batch_size
 
     def __iter__(self):
         rng = np.random.default_rng([self.seed, self.epoch])
-        order = rng.permutation(len(self.lengths))
+        items = self._items()
+        order = items[rng.permutation(len(items))]
         if not self.group_by_length:
             yield from (order[i:i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size))
             return

@@ -101,14 +101,22 @@ def load_qa_model(path: str, trained: bool = True):
 class Reader:
     """A trained reader loaded once; `answer` takes (question, context) pairs in batches."""
 
-    def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64):
+    def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64, precision: str = "no",
+                 sort_by_length: bool = False):
+        """`precision`: "bf16" or "fp16" runs the forward passes under autocast (logits are decoded in fp32).
+        `sort_by_length`: batch windows of similar lengths (faster; the default batches them in order, as the
+        training run's evaluation does, so that the logits, not only the answers, are the same)."""
         from transformers import AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = load_qa_model(model_dir).to(self.device).eval()
         self.settings = ReaderSettings.load(model_dir) or ReaderSettings()  # none recorded: threshold 0
-        self.batch_size = batch_size
+        self.recorded = ReaderSettings.load(model_dir) is not None
+        self.batch_size, self.sort_by_length = batch_size, sort_by_length
+        if precision not in ("no", "bf16", "fp16"):
+            raise UserError(f"reader precision {precision!r}: choose no, bf16 or fp16")
+        self.autocast = None if precision == "no" else {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
     def answer(self, pairs) -> list[dict]:
         """For each (question, context): {"answer" ("" = no answer), "score" (start+end logit of the best span),
@@ -133,7 +141,14 @@ class Reader:
                                          self.tokenizer, s.max_seq_length, s.doc_stride, s.max_query_length)
         inputs = [k for k in MODEL_INPUTS if k in features]
         rows = [{k: features[k][i] for k in inputs} for i in range(len(features["input_ids"]))]
-        loader = DataLoader(rows, batch_size=self.batch_size, collate_fn=lambda r: {
+        order = list(range(len(rows)))
+        if self.sort_by_length:
+            order.sort(key=lambda i: -len(rows[i]["input_ids"]))
+        loader = DataLoader([rows[i] for i in order], batch_size=self.batch_size, collate_fn=lambda r: {
             k: v.to(self.device) for k, v in pad_batch(r, self.tokenizer.pad_token_id).items()})
-        starts, ends = span_logits(self.model, loader)
+        with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            sorted_starts, sorted_ends = span_logits(self.model, loader)
+        starts, ends = [None] * len(rows), [None] * len(rows)
+        for position, i in enumerate(order):
+            starts[i], ends[i] = sorted_starts[position], sorted_ends[position]
         return decode_examples(examples, features, starts, ends, s)

@@ -81,3 +81,13 @@ def prepare_eval_features(batch, tokenizer, max_seq_length, doc_stride, max_quer
         enc["example_id"].append(batch["id"][sample_map[i]])
         enc["offset_mapping"][i] = [o if seq_ids[k] == 1 else None for k, o in enumerate(enc["offset_mapping"][i])]
     return enc
+
+
+def prepare_negative_features(batch, tokenizer, max_seq_length, doc_stride, max_query_length):
+    """datasets.map function: (question, passage without its answer) -> one window, labelled with [CLS] (no answer).
+    One window each, however long the passage: an epoch's number of windows stays what was planned."""
+    questions = truncate_questions(batch["question"], tokenizer, max_query_length)
+    enc = tokenizer(questions, batch["context"], truncation="only_second", max_length=max_seq_length, padding=False)
+    enc["start_positions"] = [0] * len(enc["input_ids"])
+    enc["end_positions"] = [0] * len(enc["input_ids"])
+    return enc

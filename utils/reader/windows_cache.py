@@ -7,13 +7,15 @@ import os
 
 import datasets
 
-from utils.reader.windows import prepare_eval_features, prepare_train_features
+from utils.reader.windows import prepare_eval_features, prepare_negative_features, prepare_train_features
 
 datasets.disable_progress_bars()  # one bar per tokenisation pass and cache load: noise, not information
 
 
-def tokenize_windows(accelerator, args, tokenizer, examples, for_training: bool):
-    fn = prepare_train_features if for_training else prepare_eval_features
+def tokenize_windows(accelerator, args, tokenizer, examples, for_training: bool, negatives: bool = False):
+    """Training windows with labels, evaluation windows with offsets, or (`negatives`) one unanswerable window per
+    (question, negative passage)."""
+    fn = prepare_negative_features if negatives else prepare_train_features if for_training else prepare_eval_features
     vocab = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
     settings = dict(max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
                     max_query_length=args.max_query_length)

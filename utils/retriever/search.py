@@ -17,6 +17,10 @@ import torch
 import torch.distributed as dist
 
 
+QUERY_BLOCK = 16384  # queries scored together: each block of vectors is read once per this many queries
+BLOCK_ROWS = 1024  # vectors per block: a block's scores stay in cache
+
+
 @dataclass
 class Vectors:
     """Embeddings of passages, or of this process's shard of them. Rows are the passages themselves or, with
@@ -172,16 +176,37 @@ def bf16_prefilter_available(device) -> bool:
     return device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def _exact_scores(q: torch.Tensor, w: torch.Tensor, vectors: Vectors, first: int, last: int) -> torch.Tensor:
-    """fp32 passage scores of the queries q for passages first:last (block vectors w); NaN -> -inf."""
-    scores = _passage_scores(q @ w.T, vectors, first, last)
+def _exact_scores(q: torch.Tensor, w: torch.Tensor, vectors: Vectors, first: int, last: int,
+                  per_passage: bool = True) -> torch.Tensor:
+    """fp32 scores of the queries q for passages first:last (block vectors w): per passage (its best window), or
+    `per_passage=False` per vector; NaN -> -inf."""
+    scores = q @ w.T
+    if per_passage:
+        scores = _passage_scores(scores, vectors, first, last)
     if torch.isnan(scores.amax(1)).any():  # a NaN embedding: its scores rank last
         scores = torch.nan_to_num(scores, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     return scores
 
 
+def _add_windows(best: "_Best", scores: torch.Tensor, rows: torch.Tensor, vectors: Vectors, first: int) -> None:
+    """MaxP without a segment max over the whole block: a passage can only enter the k best through a window at
+    or above the cut, and then its score is the best of those windows. So cut the window scores, and take the
+    best window of each passage among the few that pass (its windows are consecutive in a row)."""
+    r, c = torch.nonzero(scores >= best.floor[rows, None], as_tuple=True)
+    if not len(r):
+        return
+    base = int(vectors.starts[first])
+    passage = torch.from_numpy(vectors.owner[base + c.cpu().numpy()]).to(r.device)
+    new = torch.ones(len(r), dtype=torch.bool, device=r.device)
+    new[1:] = (r[1:] != r[:-1]) | (passage[1:] != passage[:-1])
+    group = new.cumsum(0) - 1
+    vals = torch.full((int(group[-1]) + 1,), float("-inf"), device=r.device).scatter_reduce_(
+        0, group, scores[r, c], reduce="amax")
+    best.add_entries(rows[r[new]], passage[new] + vectors.offset, vals)
+
+
 def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, exclude=None, block_rows: int | None = None,
-          query_block: int = 4096, prefilter: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+          query_block: int = QUERY_BLOCK, prefilter: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(scores, ids, counts): each query's k best passages of `vectors` (global ids, best first, ties by the smaller
     id; fewer columns when there are fewer passages) and, with `thresholds` (one score per query), how many passages
     other than those in `exclude` (query x ids, -1 padded: the gold passages) score at least that much: with the
@@ -197,8 +222,8 @@ def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, excl
     if prefilter is None:  # worth it when a block holds, on average, well under one of a query's k best; not when
         # counting: the counts must come from the very products `gold_scores` computed the thresholds with
         prefilter = (thresholds is None and bf16_prefilter_available(device)
-                     and k * 1024 < 0.2 * len(vectors.embeddings))
-    block_rows = block_rows or (512 if prefilter else 1024)  # finer blocks skip more work behind the prefilter
+                     and k * 1024 < 0.5 * len(vectors.embeddings))
+    block_rows = block_rows or (BLOCK_ROWS // 2 if prefilter else BLOCK_ROWS)  # finer: skip more behind the prefilter
     out_scores, out_ids, out_counts = [], [], []
     for q0 in range(0, len(queries), query_block):
         q = queries[q0:q0 + query_block].float()
@@ -220,7 +245,12 @@ def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, excl
                 rows = torch.nonzero((reach >= target) | torch.isnan(approx), as_tuple=True)[0]
                 if not len(rows):
                     continue
-            scores = _exact_scores(q[rows] if len(rows) < len(q) else q, w, vectors, first, last)
+            windows_only = vectors.owner is not None and limit is None and best.started
+            scores = _exact_scores(q[rows] if len(rows) < len(q) else q, w, vectors, first, last,
+                                   per_passage=not windows_only)
+            if windows_only:
+                _add_windows(best, scores, rows, vectors, first)
+                continue
             if limit is not None:
                 above = scores >= limit[rows, None]
                 if skip is not None:  # the excluded passages of this block
@@ -240,8 +270,8 @@ def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, excl
             torch.cat(out_counts).numpy() if thresholds is not None else None)
 
 
-def gold_scores(queries: torch.Tensor, vectors: Vectors, gold_ids: np.ndarray, block_rows: int = 1024,
-                query_block: int = 4096) -> np.ndarray:
+def gold_scores(queries: torch.Tensor, vectors: Vectors, gold_ids: np.ndarray, block_rows: int = BLOCK_ROWS,
+                query_block: int = QUERY_BLOCK) -> np.ndarray:
     """Each query's best score of its gold passages (query x ids, -1 padded; -inf where none is in this shard),
     computed with the very block products `top_k` computes, so that `top_k` can rank the gold exactly: a score
     computed another way can differ in the last bit and turn a near-tie around."""

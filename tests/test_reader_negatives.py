@@ -1,0 +1,60 @@
+"""A reader trained for retrieval: negative passages hold no answer string, are drawn anew each epoch under the seed,
+and a run killed mid-way resumes to the same weights."""
+
+import json
+import os
+
+import numpy as np
+
+from conftest import SAMPLE, assert_same_weights, assert_user_error, run_killed_at_checkpoint, run_script
+from utils.reader.negatives import epoch_negatives, negative_pools
+from utils.reader.squad_data import load_squad
+from utils.retriever.answers import answer_patterns, holds_answer, normalized
+from utils.retriever.data import load_passages
+
+
+def test_negative_passages_hold_no_answer_and_are_not_the_questions_own_paragraph():
+    examples, _ = load_squad(f"{SAMPLE}/train.json")
+    passages = load_passages(f"{SAMPLE}/dpr_passages.jsonl")
+    pools = negative_pools(examples, passages, 2)
+    assert sum(len(p) for p in pools) > 4 * len(examples)
+    for ex, pool in zip(examples, pools):
+        assert len(pool) <= 8 and len(set(pool)) == len(pool)
+        for j in pool:
+            assert passages[j]["text"] != ex["context"]
+            assert not holds_answer(normalized(passages[j]["text"]), answer_patterns(ex["answers"]["text"]))
+
+
+def test_each_epoch_draws_anew_and_the_same_under_the_seed():
+    pools = [[3, 5, 7, 9], [1, 2], [], [4, 6, 8, 10]]
+    draw = epoch_negatives(pools, 2, 100, seed=42)
+    a, b = draw(0), draw(1)
+    assert len(a) == len(b) == 6 and not np.array_equal(a, b)  # as many each epoch, not the same ones
+    assert np.array_equal(a, epoch_negatives(pools, 2, 100, seed=42)(0))
+    assert set(a[:2]) <= {100, 101, 102, 103} and set(a[2:4]) == {104, 105}  # windows numbered pool after pool
+
+
+def tiny(model_dir, out, *extra):
+    return ["--model_name_or_path", model_dir, "--output_dir", out, "--per_device_train_batch_size", 8,
+            "--learning_rate", 1e-3, "--eval_before_training", "false", "--max_eval_samples", 8,
+            "--negative_passages", 1, "--passages", f"{SAMPLE}/dpr_passages.jsonl", *extra]
+
+
+def test_a_killed_run_with_negatives_resumes_to_the_same_weights(tiny_bert_dir, tmp_path):
+    # 229 windows + 229 negatives per epoch: 58 batches of 8; killed in the second epoch, after its new draw
+    args = ["--max_train_steps", 72, "--checkpointing_steps", 30, "--mixed_precision", "bf16"]
+    ref = str(tmp_path / "ref")
+    proc = run_script("train_reader.py", *tiny(tiny_bert_dir, ref, *args))
+    assert "+ 1 negative passages per question per epoch" in proc.stderr
+    results = json.load(open(os.path.join(ref, "eval_results.json")))
+    assert results["updates"] == results["updates_planned"] == 72
+    out = str(tmp_path / "killed")
+    run_killed_at_checkpoint("train_reader.py", tiny(tiny_bert_dir, out, *args), out, step=60)
+    run_script("train_reader.py", *tiny(tiny_bert_dir, out, *args, "--resume_from_checkpoint", "latest"))
+    assert_same_weights(os.path.join(ref, "model.safetensors"), os.path.join(out, "model.safetensors"))
+
+
+def test_negatives_need_their_corpus(tiny_bert_dir, tmp_path):
+    proc = run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", tmp_path / "o",
+                      "--negative_passages", 1, check=False)
+    assert_user_error(proc, "--negative_passages N needs --passages")

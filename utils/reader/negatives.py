@@ -1,0 +1,80 @@
+"""Negative passages for a reader that will read retrieved passages: per training question, passages of a corpus
+that hold none of its answer strings, read as unanswerable windows.
+
+A reader trained on gold paragraphs alone answers from whatever passage it is given; in a pipeline most passages it
+reads hold no answer, and nothing taught it to abstain there (DPR's reader training pairs each question with
+retrieved passages without an answer; Haystack 1.x did not). Each question gets a pool of its best-ranked such
+passages (BM25's, or a trained retriever's), and every epoch draws `count` of them anew: a pure function of the
+seed and the epoch, so a resumed run draws what the interrupted one would have.
+"""
+
+import numpy as np
+
+from utils.retriever.answers import answer_patterns, holds_answer, normalized
+
+POOL_PER_NEGATIVE = 4  # a question's pool: this many candidates per negative drawn each epoch
+
+
+def negative_pools(examples: list[dict], passages: list[dict], count: int, retriever_dir: str | None = None) -> list[list[int]]:
+    """Per example, the indices of its `POOL_PER_NEGATIVE x count` best-ranked passages that are not its own
+    paragraph and hold none of its answer strings (utils.retriever.answers: normalised, whole tokens)."""
+    pool, depth = POOL_PER_NEGATIVE * count, POOL_PER_NEGATIVE * count + 20
+    questions = [ex["question"] for ex in examples]
+    if retriever_dir is None:
+        from utils.retriever.bm25 import BM25
+
+        _, ranked, _, _ = BM25(passages).search(questions, depth)
+    else:
+        from utils.retriever.index import Retriever
+
+        index = {p["passage_id"]: i for i, p in enumerate(passages)}
+        hits = Retriever(retriever_dir).index(passages, bm25=False).search(questions, depth)
+        ranked = [[index[h["passage_id"]] for h in row] for row in hits]
+    texts = [normalized(p["text"]) for p in passages]
+    out = []
+    for ex, row in zip(examples, ranked):
+        own, answers = normalized(ex["context"]), answer_patterns(ex["answers"]["text"])
+        keep = [int(j) for j in row if texts[j] != own and not holds_answer(texts[j], answers)]
+        out.append(keep[:pool])
+    return out
+
+
+def negative_examples(examples: list[dict], passages: list[dict], pools: list[list[int]]) -> list[dict]:
+    """Every pool passage as an unanswerable example of its question (id "<question id>#neg<k>")."""
+    return [{"id": f"{ex['id']}#neg{k}", "title": passages[j]["title"], "question": ex["question"],
+             "context": passages[j]["text"], "answers": {"text": [], "answer_start": []}}
+            for ex, pool in zip(examples, pools) for k, j in enumerate(pool)]
+
+
+def epoch_negatives(pools: list[list[int]], count: int, first: int, seed: int):
+    """`epoch -> indices` of the training windows of an epoch's negatives: `count` of each question's pool, drawn
+    with (seed, epoch); the negatives' windows are numbered from `first`, pool after pool."""
+    starts = np.concatenate([[0], np.cumsum([len(p) for p in pools])]) + first
+
+    def draw(epoch: int) -> np.ndarray:
+        rng = np.random.default_rng([seed, epoch, 7])
+        chosen = [starts[i] + rng.choice(len(p), size=min(count, len(p)), replace=False)
+                  for i, p in enumerate(pools) if p]
+        return np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
+
+    return draw
+
+
+def with_negative_passages(accelerator, args, tokenizer, train_examples, train_features):
+    """(training windows, epoch -> window indices): the training windows followed by one unanswerable window per
+    pool passage, and each epoch's choice (every real window, `args.negative_passages` drawn per question)."""
+    import datasets
+
+    from utils.reader.windows_cache import tokenize_windows
+    from utils.retriever.data import load_passages
+
+    passages = load_passages(args.passages)
+    pools = negative_pools(train_examples, passages, args.negative_passages, args.negatives_retriever)
+    negatives = tokenize_windows(accelerator, args, tokenizer, negative_examples(train_examples, passages, pools),
+                                 for_training=True, negatives=True)
+    columns = [c for c in train_features.column_names if c in negatives.column_names]
+    features = datasets.concatenate_datasets([train_features.select_columns(columns),
+                                              negatives.select_columns(columns)])
+    real, draw = np.arange(len(train_features)), epoch_negatives(pools, args.negative_passages,
+                                                                 len(train_features), args.seed)
+    return features, lambda epoch: np.concatenate([real, draw(epoch)]), sum(len(p) for p in pools)

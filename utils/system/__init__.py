@@ -1,0 +1,13 @@
+"""The QA system: retrieve, then read (utils.system.pipeline), with one rule for answering from several passages
+(utils.system.answer).
+
+    from utils.system import QASystem
+"""
+
+
+def __getattr__(name):
+    if name == "QASystem":
+        from utils.system.pipeline import QASystem
+
+        return QASystem
+    raise AttributeError(name)
