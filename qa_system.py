@@ -40,6 +40,7 @@ from utils.loop.process import finish
 from utils.reader.trained import fingerprint
 from utils.system.answer import answer
 from utils.system.measure import combined_at, load_questions, recall, scores, tune_threshold
+from utils.retriever.index import Retriever
 from utils.system.pipeline import QASystem
 
 logger = logging.getLogger("qa-amp")
@@ -76,6 +77,8 @@ class QAArgs:
         if not self.retriever or not self.reader or not self.questions:
             raise UserError("give --retriever (a trained retriever or bm25), --reader and --questions")
         check_input_files(self, "questions", "passages", "validation_file")
+        if self.retriever != "bm25" and not os.path.isdir(self.retriever):
+            raise UserError(f"{self.retriever}: no such directory (give a retriever trained by train_dpr.py, or bm25)")
         if (self.passages is None) == (self.index is None):
             raise UserError("give the corpus as --passages, or as a saved --index (one of them)")
         if self.retriever == "bm25" and self.index:
@@ -121,16 +124,19 @@ def main(argv=None):
 
     # --- data: the questions, the index of the corpus (built once, by the main process) ----------------
     questions = load_questions(args.questions)[: args.max_questions]
-    validation = load_questions(args.validation_file) if args.validation_file else None
-    if validation is not None and validation[0]["answers"] is None:
-        raise UserError(f"{args.validation_file}: the threshold is tuned on labelled questions (SQuAD JSON with answers)")
+    validation = None
+    if args.validation_file:
+        same_path = os.path.realpath(args.validation_file) == os.path.realpath(args.questions)
+        validation = questions if same_path else load_questions(args.validation_file)
+        if validation[0]["answers"] is None:
+            raise UserError(f"{args.validation_file}: the threshold is tuned on labelled questions (SQuAD JSON with "
+                            "answers)")
     same_file = validation is not None and fingerprint_of(validation) == fingerprint_of(questions)
     index = args.index
-    if args.retriever != "bm25" and index is None:
+    if args.retriever != "bm25" and index is None:  # embedded once, by the main process; the others map it
         index = os.path.join(args.output_dir, "index")
         if accelerator.is_main_process:
-            QASystem(args.retriever, args.reader, passages=args.passages, hybrid=args.hybrid, device=device,
-                     progress=True).index.save(index)
+            Retriever(args.retriever, device=device, batch_size=args.batch_size).index(args.passages).save(index)
         accelerator.wait_for_everyone()
     system = QASystem(args.retriever, args.reader, passages=args.passages if args.retriever == "bm25" else None,
                       index=index, hybrid=args.hybrid, device=device, precision=accelerator.mixed_precision,

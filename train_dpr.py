@@ -130,7 +130,9 @@ class DPRArgs(TrainArgs):
                      "max_query_length", "max_passage_length"):
             setattr(self, name, getattr(recorded, name))
         self.query_model_name_or_path = os.path.join(self.model_name_or_path, QUERY_ENCODER)
-        self.passage_model_name_or_path = os.path.join(self.model_name_or_path, PASSAGE_ENCODER)
+        # one encoder serves both sides when shared (the run saved it under both names)
+        self.passage_model_name_or_path = os.path.join(
+            self.model_name_or_path, QUERY_ENCODER if recorded.shared_encoder else PASSAGE_ENCODER)
 
     def validate(self):
         check_input_files(self, "train_file", "validation_file", "passages")

@@ -46,6 +46,16 @@ def test_the_eval_only_mode_reproduces_the_training_runs_rankings(trained, tmp_p
     assert now["hybrid_dense_weight"] == weight == run["hybrid_tuned_dense_weight"]
 
 
+def test_the_eval_only_mode_takes_a_retriever_with_one_shared_encoder(tiny_bert_dir, tmp_path):
+    shared = str(tmp_path / "shared")
+    run_script("train_dpr.py", "--query_model_name_or_path", tiny_bert_dir, "--shared_encoder", "--output_dir", shared,
+               "--max_train_steps", 2, "--eval_before_training", "false", *FLAGS)
+    out = tmp_path / "eval"
+    run_script("train_dpr.py", "--do_train", "false", "--model_name_or_path", shared, "--validation_file",
+               f"{SAMPLE}/dpr_dev.json", "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--output_dir", out, *FLAGS)
+    assert rankings(out) == rankings(shared)
+
+
 def test_the_api_ranks_as_the_training_run_did_and_the_index_round_trips(trained, tmp_path):
     dev = load_dpr(f"{SAMPLE}/dpr_dev.json")
     questions = [q["question"] for q in dev]

@@ -153,7 +153,7 @@ def parse_args(cls, argv=None):
 
     parser.error = error
     for action in parser._actions:
-        if action.option_strings and action.option_strings[0].startswith("--no_"):
+        if isinstance(action, argparse._StoreFalseAction):  # a bool's --no_X complement (not a field named no_X)
             action.help = f"Same as --{action.dest} false."  # not the positive flag's help "(default: False)"
             action.default = argparse.SUPPRESS  # the positive flag sets the default; no "(default: ...)" here
         elif action.help and action.help is not argparse.SUPPRESS:  # argparse %-formats help texts: a "%" crashed

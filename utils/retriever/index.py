@@ -40,12 +40,18 @@ INDEX_FILE, FORMAT = "index.json", 1
 class Retriever:
     """The encoders of a retriever trained by train_dpr.py, with its ranking settings."""
 
-    def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64):
+    def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64, precision: str | None = None):
+        """`precision`: the autocast to embed under ("no", "bf16", "fp16"); default: the one the run evaluated with
+        (retriever_settings.json), so that it ranks exactly as the run did."""
         self.model_dir = os.path.abspath(model_dir)
         self.settings = RetrieverSettings.load(model_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.batch_size = batch_size
-        self._args = SimpleNamespace(**asdict(self.settings), length_buckets=1,
+        precision = precision or self.settings.precision
+        if precision not in ("no", "bf16", "fp16"):
+            raise UserError(f"precision {precision!r}: choose no, bf16 or fp16")
+        self.autocast = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        self._args = SimpleNamespace(**asdict(self.settings), length_buckets=4,
                                      query_model_name_or_path=os.path.join(model_dir, QUERY_ENCODER),
                                      passage_model_name_or_path=os.path.join(model_dir, PASSAGE_ENCODER))
         self.q_tok, self.p_tok = load_tokenizers(self._args)
@@ -55,9 +61,12 @@ class Retriever:
     def dimension(self) -> int:
         return self.model.query_encoder.config.hidden_size
 
+    def _encode(self, tokens, side: str, pad: int, progress=None) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            return encode_texts(self.model, tokens, side, pad, self.batch_size, self.device, progress=progress)
+
     def encode_questions(self, questions: list[str]) -> torch.Tensor:
-        tokens = tokenize_questions(self.q_tok, list(questions), self._args)
-        return encode_texts(self.model, tokens, "query", self.q_tok.pad_token_id, self.batch_size, self.device)
+        return self._encode(tokenize_questions(self.q_tok, list(questions), self._args), "query", self.q_tok.pad_token_id)
 
     def index(self, passages, dtype: str = "float32", bm25: bool = True, progress: bool = True) -> "Index":
         """Embed `passages` (a list of {"title", "text", "passage_id"}, or a JSON-lines file of them) as the run
@@ -67,9 +76,8 @@ class Retriever:
         if dtype not in ("float32", "float16"):
             raise UserError(f"index dtype {dtype!r}: choose float32 or float16")
         windows, owner = sentence_windows(passages, self.settings.window_sentences)
-        tokens = tokenize_passages(self.p_tok, windows, self._args)
-        embeddings = encode_texts(self.model, tokens, "passage", self.p_tok.pad_token_id, self.batch_size,
-                                  self.device, progress="indexing" if progress else None)
+        embeddings = self._encode(tokenize_passages(self.p_tok, windows, self._args), "passage",
+                                  self.p_tok.pad_token_id, progress="indexing" if progress else None)
         return Index(self, embeddings.numpy().astype(dtype),
                      owner if self.settings.window_sentences else None, passages, BM25(passages) if bm25 else None)
 

@@ -32,6 +32,9 @@ class RetrieverSettings:
     hybrid_candidates: int = 100
     hybrid_tuned_on: dict | None = None  # {"data", "questions"}
     bm25: dict = field(default_factory=lambda: {"text": "title text", "stopwords": "en", "stemmer": "english"})
+    # The autocast the run's evaluation embedded with ("no", "bf16", "fp16"): the Retriever API embeds the same
+    # way by default, so that it ranks exactly as the run's rankings.jsonl.
+    precision: str = "no"
 
     def save(self, directory: str) -> None:
         with open(os.path.join(directory, SETTINGS_FILE), "w") as f:

@@ -213,7 +213,8 @@ class DPRTask(Task):
         a = self.args
         RetrieverSettings(a.pooling, a.similarity, a.temperature, a.shared_encoder, a.embed_title, a.window_sentences,
                           a.max_query_length, a.max_passage_length, self.dense_weight, CANDIDATES,
-                          {"data": a.validation_file, "questions": len(self.evaluation.dev)}).save(directory)
+                          {"data": a.validation_file, "questions": len(self.evaluation.dev)},
+                          precision=self.accelerator.mixed_precision).save(directory)
 
     def load(self, model, directory):
         for side in ("query", "passage"):
