@@ -1,4 +1,4 @@
-"""Print the README's three flag tables from the scripts' argument dataclasses, so the manual says what --help says.
+"""Print the README's four flag tables from the scripts' argument dataclasses, so the manual says what --help says.
 
     python scripts/flag_tables.py          # paste over the tables in README.md (tests/test_configs_and_docs.py checks)
 """
@@ -10,15 +10,19 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from qa_system import QAArgs  # noqa: E402
 from train_dpr import DPRArgs  # noqa: E402
 from train_reader import ReaderArgs  # noqa: E402
 from utils.loop.args import TrainArgs, packaged_minilm  # noqa: E402
 
 INTROS = {"shared": "Shared flags (both scripts):", "reader": "Reader flags:",
-          "dpr": "DPR flags (plus the shared flags above):"}
+          "dpr": "DPR flags (plus the shared flags above):", "qa": "QA system flags (`qa_system.py`, its own):"}
 
 
-def default(value) -> str:
+def default(f) -> str:
+    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    if isinstance(value, list):
+        return " ".join(map(str, value))
     if value is None:
         return "—"
     if value == packaged_minilm():
@@ -28,7 +32,7 @@ def default(value) -> str:
 
 def table(fields) -> str:
     rows = ["| flag | default | meaning |", "|---|---|---|"]
-    rows += [f"| `--{f.name}` | {default(f.default)} | {f.metadata['help']} |" for f in fields]
+    rows += [f"| `--{f.name}` | {default(f)} | {f.metadata['help']} |" for f in fields]
     return "\n".join(rows)
 
 
@@ -37,7 +41,7 @@ def tables() -> dict[str, str]:
     shared = [f.name for f in dataclasses.fields(TrainArgs)]
     own = lambda cls: [f for f in dataclasses.fields(cls) if f.name not in shared]  # noqa: E731
     return {INTROS["shared"]: table(dataclasses.fields(TrainArgs)), INTROS["reader"]: table(own(ReaderArgs)),
-            INTROS["dpr"]: table(own(DPRArgs))}
+            INTROS["dpr"]: table(own(DPRArgs)), INTROS["qa"]: table(dataclasses.fields(QAArgs))}
 
 
 if __name__ == "__main__":

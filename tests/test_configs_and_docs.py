@@ -53,6 +53,7 @@ def flag_tables(text: str) -> dict[str, list[str]]:
 
 
 def test_every_flag_is_in_the_table_of_the_script_that_has_it():
+    from qa_system import QAArgs
     from train_dpr import DPRArgs
     from train_reader import ReaderArgs
     from utils.loop.args import TrainArgs
@@ -61,12 +62,13 @@ def test_every_flag_is_in_the_table_of_the_script_that_has_it():
     shared = {f.name for f in dataclasses.fields(TrainArgs)}
     want = {"Shared flags (both scripts):": shared,
             "Reader flags:": {f.name for f in dataclasses.fields(ReaderArgs)} - shared,
-            "DPR flags (plus the shared flags above):": {f.name for f in dataclasses.fields(DPRArgs)} - shared}
+            "DPR flags (plus the shared flags above):": {f.name for f in dataclasses.fields(DPRArgs)} - shared,
+            "QA system flags (`qa_system.py`, its own):": {f.name for f in dataclasses.fields(QAArgs)}}
     assert {intro: sorted(tables.get(intro, [])) for intro in want} == {k: sorted(v) for k, v in want.items()}
 
 
 def test_the_readme_flag_tables_say_what_help_says():
-    """The three tables are generated from the argument dataclasses (scripts/flag_tables.py): a help text changed
+    """The four tables are generated from the argument dataclasses (scripts/flag_tables.py): a help text changed
     without the manual fails here."""
     import subprocess
     import sys
