@@ -5,6 +5,7 @@ search, and a directory that is not what it should be is a one-line error."""
 import json
 import os
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -92,6 +93,16 @@ def test_the_api_ranks_as_the_training_run_did_and_the_index_round_trips(trained
     assert np.mean(same) > 0.95
     hnsw = loaded.search_faiss(loaded.to_faiss("hnsw"), questions, k=5)  # approximate: the best scores agree
     np.testing.assert_allclose([h[0]["score"] for h in hnsw], [h[0]["score"] for h in dense], rtol=1e-4)
+
+
+def test_a_saved_index_is_searched_without_warnings(trained, tmp_path):
+    # Its vectors are a read-only memory map: handing a block of it to torch as is warned of undefined behaviour.
+    Retriever(trained, device="cpu").index(f"{SAMPLE}/dpr_passages.jsonl", bm25=False, progress=False).save(
+        str(tmp_path / "index"))
+    loaded = Index.load(str(tmp_path / "index"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(loaded.search(["Who designed the lighthouse?"], k=3)[0]) == 3
 
 
 def test_a_malformed_or_mismatched_index_or_retriever_is_a_one_line_error(trained, tmp_path):

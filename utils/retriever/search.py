@@ -55,7 +55,11 @@ class Vectors:
 
     @staticmethod
     def _tensor(block, device) -> torch.Tensor:
-        block = block if isinstance(block, torch.Tensor) else torch.from_numpy(np.asarray(block))
+        if not isinstance(block, torch.Tensor):
+            block = np.asarray(block)
+            if not block.flags.writeable:  # a read-only memory map (a saved index): torch wants memory it may write
+                block = block.astype(np.float32)
+            block = torch.from_numpy(block)
         return block.to(device=device, dtype=torch.float32)
 
 
@@ -346,21 +350,22 @@ def merged_top_k(scores: np.ndarray, ids: np.ndarray, k: int, device="cpu") -> t
     return best[0].cpu().numpy(), best[1].cpu().numpy()
 
 
-def summed_counts(counts: np.ndarray, device="cpu") -> np.ndarray:
+def _all_reduced(array: np.ndarray, op, device) -> np.ndarray:
     if _world() == 1:
-        return counts
-    t = torch.as_tensor(counts, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return array
+    t = torch.as_tensor(array, device=device)
+    dist.all_reduce(t, op=op)
     return t.cpu().numpy()
+
+
+def summed_counts(counts: np.ndarray, device="cpu") -> np.ndarray:
+    """Per-shard counts -> their sums over the shards, on every process."""
+    return _all_reduced(counts, dist.ReduceOp.SUM, device)
 
 
 def max_scores(scores: np.ndarray, device="cpu") -> np.ndarray:
     """Per-shard scores (-inf where a shard does not hold the passage) -> every passage's score, on every process."""
-    if _world() == 1:
-        return scores
-    t = torch.as_tensor(scores, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.cpu().numpy()
+    return _all_reduced(scores, dist.ReduceOp.MAX, device)
 
 
 def dense_search(queries: torch.Tensor, vectors: Vectors, k: int, gold_ids: np.ndarray | None = None
