@@ -50,7 +50,8 @@ def worker(args) -> None:
     import torch
 
     sys.path.insert(0, ROOT)
-    from utils.retriever.search import Vectors, merged_top_k, shard, top_k
+    from utils.retriever.search import Vectors, top_k
+    from utils.retriever.shards import merged_top_k, shard
 
     queries = draw(0, args.questions, args.dim, args.seed + 1)
     w, result = args.windows, {}

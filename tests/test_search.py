@@ -12,7 +12,8 @@ import torch
 
 from conftest import ROOT
 from utils.retriever.ranking import gold_ranks
-from utils.retriever.search import Vectors, score_passages, shard, top_k
+from utils.retriever.search import Vectors, score_passages, top_k
+from utils.retriever.shards import shard
 
 
 def data(seed, cosine, windows, n_passages=300, n_queries=50, dim=16):
@@ -86,7 +87,8 @@ WORKER = textwrap.dedent("""
     import numpy as np, torch, torch.distributed as dist
     from test_search import data, reference
     from utils.retriever.ranking import gold_ranks
-    from utils.retriever.search import Vectors, max_scores, merged_top_k, score_passages, shard, summed_counts, top_k
+    from utils.retriever.search import Vectors, score_passages, top_k
+    from utils.retriever.shards import max_scores, merged_top_k, shard, summed_counts
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     for cosine in (False, True):

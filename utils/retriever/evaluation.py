@@ -24,7 +24,8 @@ from utils.retriever.fusion import (CANDIDATES, convex_fusion, cross_fitted_rank
                                     reciprocal_rank_fusion, tune_dense_weight)
 from utils.retriever.loss import batch_ranks
 from utils.retriever.ranking import retrieval_metrics
-from utils.retriever.search import Vectors, dense_search, max_scores, score_passages, shard, summed_counts
+from utils.retriever.search import Vectors, dense_search, score_passages
+from utils.retriever.shards import max_scores, shard, summed_counts
 from utils.retriever.sentence_windows import sentence_windows
 
 logger = logging.getLogger("qa-amp")

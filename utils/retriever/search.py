@@ -4,17 +4,19 @@ Questions are scored against the passage embeddings block by block, on the devic
 only each question's k best passages are kept: memory is one block of scores plus k results per question, never
 the questions x corpus matrix (21M passages x 6,515 questions would be half a terabyte in float32). A passage cut
 into sentence windows scores as its best window (MaxP); blocks end on passage boundaries, so that is exact too.
-Under several processes each one holds a contiguous shard of the passages (`shard`), searches it, and the
-per-process results are merged (`merged_top_k`, `summed_counts`, `max_scores`): the same result as one process,
-ties aside. Ties and NaN follow the project's one rank rule (utils.retriever.ranking): NaN scores rank last, and
-`count_at_least` counts ties against the passage being ranked.
+Under several processes each one holds a contiguous shard of the passages and searches it; `dense_search` merges
+the per-process results (utils.retriever.shards): the same result as one process, ties aside (the k best are kept
+by utils.retriever.selection's keys). Ties and NaN follow the project's one rank rule (utils.retriever.ranking):
+NaN scores rank last, and `count_at_least` counts ties against the passage being ranked.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
+
+from utils.retriever.selection import KBest
+from utils.retriever.shards import max_scores, merged_top_k, summed_counts
 
 
 QUERY_BLOCK = 16384  # queries scored together: each block of vectors is read once per this many queries
@@ -63,13 +65,6 @@ class Vectors:
         return block.to(device=device, dtype=torch.float32)
 
 
-def shard(count: int, process_index: int, num_processes: int) -> range:
-    """This process's contiguous share of `count` passages (the first ones get one more when it does not divide)."""
-    per, extra = divmod(count, num_processes)
-    first = process_index * per + min(process_index, extra)
-    return range(first, first + per + (process_index < extra))
-
-
 def _blocks(vectors: Vectors, block_rows: int):
     """(first passage, last passage) ranges of about block_rows rows each, cut on passage boundaries."""
     first = 0
@@ -92,81 +87,6 @@ def _passage_scores(scores: torch.Tensor, vectors: Vectors, first: int, last: in
             best = scores.new_full((len(scores), last - first), float("-inf"))
             scores = best.scatter_reduce_(1, owner.expand(len(scores), -1), scores, reduce="amax")
     return scores
-
-
-def _monotonic(vals: torch.Tensor) -> torch.Tensor:
-    """float32 values as int64 in the same order (the float bits, negatives flipped)."""
-    bits = vals.float().contiguous().view(torch.int32).long()
-    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-
-
-def _keys(vals: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """int64 keys ordered by value, then by the smaller id (ids below 2^31): the selection rule as one number."""
-    return _monotonic(vals) * (1 << 31) + ((1 << 31) - 1 - ids)
-
-
-LOWEST = torch.iinfo(torch.int64).min
-
-
-class _Best:
-    """The k best passages per query seen so far, kept as selection keys (utils: `_keys`) so that equal scores go
-    to the smaller id whatever the blocks or shards. Each block's scores are first cut at the query's k-th best so
-    far (ties stay): after the first blocks few pass, and the k-th best is exact after every block."""
-
-    def __init__(self, n_rows: int, k: int, device):
-        self.k = k
-        self.keys = torch.full((n_rows, k), LOWEST, dtype=torch.long, device=device)
-        self.scores = torch.full((n_rows, k), float("-inf"), device=device)
-        self.ids = torch.full((n_rows, k), -1, dtype=torch.long, device=device)
-        self.floor = torch.full((n_rows,), float("-inf"), device=device)
-        self.started = False
-
-    def add(self, scores: torch.Tensor, rows: torch.Tensor, first_id: int) -> None:
-        """Take one block's scores of the queries `rows` (scores[i] belongs to query rows[i])."""
-        if not self.started and scores.shape[1] >= self.k and len(rows) == len(self.keys):
-            # The first block's k-th best is a safe cut at once (the final k-th best can only be higher).
-            self.floor = scores.topk(self.k, dim=1).values[:, -1]
-        self.started = True
-        r, cols = torch.nonzero(scores >= self.floor[rows, None], as_tuple=True)  # grouped by row, in column order
-        self.add_entries(rows[r], cols + first_id, scores[r, cols])
-
-    def add_entries(self, r: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor) -> None:
-        """Take scored passages: query r[i] scores passage ids[i] vals[i]; r grouped (ascending)."""
-        if not len(r):
-            return
-        rows, r = torch.unique_consecutive(r, return_inverse=True)
-        counts = torch.bincount(r, minlength=len(rows))
-        pos = torch.arange(len(r), device=r.device) - (counts.cumsum(0) - counts)[r]
-        width = int(counts.max())
-        new_keys = torch.full((len(rows), width), LOWEST, dtype=torch.long, device=r.device)
-        new_vals = torch.full((len(rows), width), float("-inf"), device=r.device)
-        new_ids = torch.full((len(rows), width), -1, dtype=torch.long, device=r.device)
-        new_keys[r, pos], new_vals[r, pos], new_ids[r, pos] = _keys(vals, ids), vals, ids
-        keys = torch.cat([self.keys[rows], new_keys], 1)
-        top = keys.topk(self.k, dim=1).indices
-        self.keys[rows] = keys.gather(1, top)
-        self.scores[rows] = torch.cat([self.scores[rows], new_vals], 1).gather(1, top)
-        self.ids[rows] = torch.cat([self.ids[rows], new_ids], 1).gather(1, top)
-        full = self.ids[rows, -1] >= 0
-        self.floor[rows] = torch.where(full, self.scores[rows, -1], torch.full_like(self.floor[rows], float("-inf")))
-
-    def merge(self) -> None:
-        """Best first (the kept entries are in selection order already)."""
-
-
-def _select(rows: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor, n_rows: int, k: int):
-    """Per row, the k best (row, id, value) entries by the selection rule (`_keys`): merging the shards' results."""
-    order = _keys(vals, ids).argsort(descending=True, stable=True)
-    order = order[rows[order].argsort(stable=True)]
-    rows, ids, vals = rows[order], ids[order], vals[order]
-    counts = torch.bincount(rows, minlength=n_rows)
-    pos = torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[rows]
-    keep = pos < k
-    best_s = vals.new_full((n_rows, k), float("-inf"))
-    best_i = torch.full((n_rows, k), -1, dtype=torch.long, device=rows.device)
-    best_s[rows[keep], pos[keep]] = vals[keep]
-    best_i[rows[keep], pos[keep]] = ids[keep]
-    return best_s, best_i
 
 
 # |bf16 score - fp32 score| <= BF16_ERROR x |q| x |w|: inputs rounded to bf16 (2 x 2^-8 for a product), the fp32
@@ -192,7 +112,7 @@ def _exact_scores(q: torch.Tensor, w: torch.Tensor, vectors: Vectors, first: int
     return scores
 
 
-def _add_windows(best: "_Best", scores: torch.Tensor, rows: torch.Tensor, vectors: Vectors, first: int) -> None:
+def _add_windows(best: "KBest", scores: torch.Tensor, rows: torch.Tensor, vectors: Vectors, first: int) -> None:
     """MaxP without a segment max over the whole block: a passage can only enter the k best through a window at
     or above the cut, and then its score is the best of those windows. So cut the window scores, and take the
     best window of each passage among the few that pass (its windows are consecutive in a row)."""
@@ -210,7 +130,8 @@ def _add_windows(best: "_Best", scores: torch.Tensor, rows: torch.Tensor, vector
 
 
 def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, exclude=None, block_rows: int | None = None,
-          query_block: int = QUERY_BLOCK, prefilter: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+          query_block: int = QUERY_BLOCK, prefilter: bool | None = None
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(scores, ids, counts): each query's k best passages of `vectors` (global ids, best first, ties by the smaller
     id; fewer columns when there are fewer passages) and, with `thresholds` (one score per query), how many passages
     other than those in `exclude` (query x ids, -1 padded: the gold passages) score at least that much: with the
@@ -233,7 +154,7 @@ def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, excl
         q = queries[q0:q0 + query_block].float()
         every = torch.arange(len(q), device=device)
         q_b, q_norm = (q.bfloat16(), q.norm(dim=1)) if prefilter else (None, None)
-        best, counts = _Best(len(q), k, device), torch.zeros(len(q), dtype=torch.long, device=device)
+        best, counts = KBest(len(q), k, device), torch.zeros(len(q), dtype=torch.long, device=device)
         limit = None
         if thresholds is not None:
             limit = torch.as_tensor(np.asarray(thresholds[q0:q0 + query_block], dtype=np.float32), device=device)
@@ -264,7 +185,6 @@ def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, excl
                     above[r, local[r, c]] = False
                 counts[rows] += torch.count_nonzero(above, dim=1)
             best.add(scores, rows, first + vectors.offset)
-        best.merge()
         out_scores.append(best.scores.cpu())
         out_ids.append(best.ids.cpu())
         out_counts.append(counts.cpu())
@@ -322,50 +242,6 @@ def score_passages(queries: torch.Tensor, vectors: Vectors, ids: np.ndarray, que
         np.maximum.at(best, pair, dots)
         out[q0 + rows_q, cols] = best
     return out
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def merged_top_k(scores: np.ndarray, ids: np.ndarray, k: int, device="cpu") -> tuple[np.ndarray, np.ndarray]:
-    """Every process's top-k of its shard -> the top-k of the whole collection, on every process (the same
-    selection rule as `top_k`: equal scores by the smaller id)."""
-    if _world() == 1:
-        return scores, ids
-    s, i = torch.as_tensor(scores, device=device), torch.as_tensor(ids, device=device)
-    width = torch.tensor([s.shape[1]], device=device)
-    widths = [torch.zeros_like(width) for _ in range(_world())]
-    dist.all_gather(widths, width)
-    pad = int(max(w.item() for w in widths))  # a shard smaller than k returns fewer columns: pad to gather
-    s = torch.cat([s, s.new_full((len(s), pad - s.shape[1]), float("-inf"))], 1)
-    i = torch.cat([i, i.new_full((len(i), pad - i.shape[1]), -1)], 1)
-    all_s, all_i = [torch.empty_like(s) for _ in range(_world())], [torch.empty_like(i) for _ in range(_world())]
-    dist.all_gather(all_s, s)
-    dist.all_gather(all_i, i)
-    s, i = torch.cat(all_s, 1), torch.cat(all_i, 1)
-    held = i >= 0
-    keep = int(min(k, sum(w.item() for w in widths)))
-    best = _select(torch.nonzero(held, as_tuple=True)[0], i[held], s[held], len(s), keep)
-    return best[0].cpu().numpy(), best[1].cpu().numpy()
-
-
-def _all_reduced(array: np.ndarray, op, device) -> np.ndarray:
-    if _world() == 1:
-        return array
-    t = torch.as_tensor(array, device=device)
-    dist.all_reduce(t, op=op)
-    return t.cpu().numpy()
-
-
-def summed_counts(counts: np.ndarray, device="cpu") -> np.ndarray:
-    """Per-shard counts -> their sums over the shards, on every process."""
-    return _all_reduced(counts, dist.ReduceOp.SUM, device)
-
-
-def max_scores(scores: np.ndarray, device="cpu") -> np.ndarray:
-    """Per-shard scores (-inf where a shard does not hold the passage) -> every passage's score, on every process."""
-    return _all_reduced(scores, dist.ReduceOp.MAX, device)
 
 
 def dense_search(queries: torch.Tensor, vectors: Vectors, k: int, gold_ids: np.ndarray | None = None

@@ -34,7 +34,8 @@ from utils.retriever.fusion import CANDIDATES
 from utils.retriever.loss import global_loss
 from utils.retriever.negatives import select_negatives
 from utils.retriever.ranking import retrieval_metrics
-from utils.retriever.search import Vectors, dense_search, shard
+from utils.retriever.search import Vectors, dense_search
+from utils.retriever.shards import shard
 from utils.retriever.settings import RetrieverSettings
 
 logger = logging.getLogger("qa-amp")

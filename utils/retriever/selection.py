@@ -1,0 +1,78 @@
+"""Exact k-best selection that does not depend on how the corpus is cut: every (score, passage id) is one int64
+key ordered by the score, then by the smaller id, so that equal scores go to the same passage whatever the blocks
+of a search or the shards of several processes (utils.retriever.ranking's rule for ties)."""
+
+import torch
+
+
+def monotonic(vals: torch.Tensor) -> torch.Tensor:
+    """float32 values as int64 in the same order (the float bits, negatives flipped)."""
+    bits = vals.float().contiguous().view(torch.int32).long()
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+def selection_keys(vals: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordered by value, then by the smaller id (ids below 2^31): the selection rule as one number."""
+    return monotonic(vals) * (1 << 31) + ((1 << 31) - 1 - ids)
+
+
+LOWEST = torch.iinfo(torch.int64).min
+
+
+class KBest:
+    """The k best passages per query seen so far, kept as selection keys (`selection_keys`) so that equal scores go
+    to the smaller id whatever the blocks or shards. Each block's scores are first cut at the query's k-th best so
+    far (ties stay): after the first blocks few pass, and the k-th best is exact after every block."""
+
+    def __init__(self, n_rows: int, k: int, device):
+        self.k = k
+        self.keys = torch.full((n_rows, k), LOWEST, dtype=torch.long, device=device)
+        self.scores = torch.full((n_rows, k), float("-inf"), device=device)
+        self.ids = torch.full((n_rows, k), -1, dtype=torch.long, device=device)
+        self.floor = torch.full((n_rows,), float("-inf"), device=device)
+        self.started = False
+
+    def add(self, scores: torch.Tensor, rows: torch.Tensor, first_id: int) -> None:
+        """Take one block's scores of the queries `rows` (scores[i] belongs to query rows[i])."""
+        if not self.started and scores.shape[1] >= self.k and len(rows) == len(self.keys):
+            # The first block's k-th best is a safe cut at once (the final k-th best can only be higher).
+            self.floor = scores.topk(self.k, dim=1).values[:, -1]
+        self.started = True
+        r, cols = torch.nonzero(scores >= self.floor[rows, None], as_tuple=True)  # grouped by row, in column order
+        self.add_entries(rows[r], cols + first_id, scores[r, cols])
+
+    def add_entries(self, r: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor) -> None:
+        """Take scored passages: query r[i] scores passage ids[i] vals[i]; r grouped (ascending)."""
+        if not len(r):
+            return
+        rows, r = torch.unique_consecutive(r, return_inverse=True)
+        counts = torch.bincount(r, minlength=len(rows))
+        pos = torch.arange(len(r), device=r.device) - (counts.cumsum(0) - counts)[r]
+        width = int(counts.max())
+        new_keys = torch.full((len(rows), width), LOWEST, dtype=torch.long, device=r.device)
+        new_vals = torch.full((len(rows), width), float("-inf"), device=r.device)
+        new_ids = torch.full((len(rows), width), -1, dtype=torch.long, device=r.device)
+        new_keys[r, pos], new_vals[r, pos], new_ids[r, pos] = selection_keys(vals, ids), vals, ids
+        keys = torch.cat([self.keys[rows], new_keys], 1)
+        top = keys.topk(self.k, dim=1).indices
+        self.keys[rows] = keys.gather(1, top)
+        self.scores[rows] = torch.cat([self.scores[rows], new_vals], 1).gather(1, top)
+        self.ids[rows] = torch.cat([self.ids[rows], new_ids], 1).gather(1, top)
+        full = self.ids[rows, -1] >= 0
+        self.floor[rows] = torch.where(full, self.scores[rows, -1], torch.full_like(self.floor[rows], float("-inf")))
+
+
+def select_k_best(rows: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor, n_rows: int, k: int):
+    """Per row, the k best (row, id, value) entries by the selection rule (`selection_keys`): merging the shards'
+    results."""
+    order = selection_keys(vals, ids).argsort(descending=True, stable=True)
+    order = order[rows[order].argsort(stable=True)]
+    rows, ids, vals = rows[order], ids[order], vals[order]
+    counts = torch.bincount(rows, minlength=n_rows)
+    pos = torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[rows]
+    keep = pos < k
+    best_s = vals.new_full((n_rows, k), float("-inf"))
+    best_i = torch.full((n_rows, k), -1, dtype=torch.long, device=rows.device)
+    best_s[rows[keep], pos[keep]] = vals[keep]
+    best_i[rows[keep], pos[keep]] = ids[keep]
+    return best_s, best_i
