@@ -37,9 +37,9 @@ from utils.loop.errors import UserError, exit_on_user_error
 from utils.loop.jsonfiles import json_line, write_json
 from utils.loop.output_dir import prepare_output_dir
 from utils.loop.process import finish
-from utils.reader.trained import fingerprint
 from utils.system.answer import answer
-from utils.system.measure import combined_at, load_questions, recall, scores, tune_threshold
+from utils.system.measure import (combined_at, fingerprint_of, load_questions, questions_per_second,
+                                  reading_share, recall, scores, tune_threshold)
 from utils.retriever.index import Retriever
 from utils.system.pipeline import QASystem
 
@@ -172,8 +172,8 @@ def main(argv=None):
     # --- measure, write --------------------------------------------------------------------------------
     rows = []
     for kk in bands:
-        row = {"k": kk, "threshold": thresholds[kk], "questions_per_second": _speed(times, kk, len(questions)),
-               "reading_share": _reading_share(times, kk)}
+        row = {"k": kk, "threshold": thresholds[kk], "questions_per_second": questions_per_second(times, kk, len(questions)),
+               "reading_share": reading_share(times, kk)}
         if labelled:
             row["recall"] = recall(questions, retrieved, kk)
             row.update(scores(questions, combined_at(readings, kk), thresholds[kk]))
@@ -205,27 +205,6 @@ def read_gold(accelerator, system: QASystem, questions: list[dict]) -> list[list
         results = [(q["id"], r) for q, r in zip(mine, part)]
     gathered = dict(gather_object(results))
     return [gathered[q["id"]] for q in questions]
-
-
-def fingerprint_of(questions: list[dict]) -> str:
-    return fingerprint([{"id": q["id"], "question": q["question"], "context": q["context"] or "",
-                         "answers": {"text": q["answers"] or []}} for q in questions])
-
-
-def _slowest(times: list[dict], kk: int) -> float:
-    """Wall seconds to answer with kk passages: retrieval and the reading bands up to kk, of the slowest process."""
-    return max(t["retrieval"] + sum(v for key, v in t.items() if key.startswith("read_") and int(key[5:]) <= kk)
-               for t in times)
-
-
-def _speed(times, kk, n) -> float:
-    return round(n / max(_slowest(times, kk), 1e-9), 2)
-
-
-def _reading_share(times, kk) -> float:
-    slowest = max(times, key=lambda t: _slowest([t], kk))
-    total = _slowest([slowest], kk)
-    return round(1 - slowest["retrieval"] / max(total, 1e-9), 3)
 
 
 def _fmt(value):

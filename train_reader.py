@@ -47,7 +47,7 @@ from utils.loop.run import run
 from utils.reader.decoding import MODEL_INPUTS
 from utils.reader.evaluate_or_predict import evaluate_or_predict
 from utils.reader.negatives import with_negative_passages
-from utils.reader.squad_data import is_impossible, load_squad, split_by_article
+from utils.reader.squad_data import is_impossible, load_train_and_dev
 from utils.reader.task import ReaderTask, prepare_eval_set
 from utils.reader.trained import ReaderSettings, load_qa_model
 from utils.reader.windows import check_tokenizer
@@ -167,31 +167,6 @@ class ReaderArgs(TrainArgs):
         super().validate()
 
 
-# --- data ------------------------------------------------------------------------------------------
-
-def load_examples(args) -> tuple[list[dict], list[dict]]:
-    if args.dataset_name:  # hub datasets already use the flattened layout
-        import datasets
-        hub = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
-        train, dev = list(hub["train"]), list(hub["validation"])
-        for ex in train + dev:
-            ex["answers"] = {"text": list(ex["answers"]["text"]), "answer_start": list(ex["answers"]["answer_start"])}
-    else:
-        train, repaired = load_squad(args.train_file)
-        if args.dev_split:
-            train, dev = split_by_article(train, args.dev_split, args.seed)
-        else:
-            dev, repaired_dev = load_squad(args.validation_file)
-            repaired += repaired_dev
-        if repaired:
-            logger.warning("repaired %d answer offsets that did not point at their answer text", repaired)
-    if args.max_train_samples:
-        train = train[: args.max_train_samples]
-    if args.max_eval_samples:
-        dev = dev[: args.max_eval_samples]
-    return train, dev
-
-
 @exit_on_user_error
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
@@ -209,7 +184,7 @@ def main(argv=None):
     collate = lambda rows: pad_batch(rows, tokenizer.pad_token_id, multiple=pad_to)  # noqa: E731
     if not args.do_train:
         return evaluate_or_predict(accelerator, args, tokenizer, collate)
-    train_examples, dev_examples = load_examples(args)
+    train_examples, dev_examples = load_train_and_dev(args)
     with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)
     train_features = tokenize_windows(accelerator, args, tokenizer, train_examples, for_training=True)
     if len(train_features) == 0:

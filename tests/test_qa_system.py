@@ -4,7 +4,6 @@ processes answer as one, and bad inputs are one-line errors."""
 
 import json
 import math
-import os
 
 import pytest
 

@@ -12,11 +12,14 @@ An answer whose `answer_start` is off but whose text occurs in the context is mo
 nearest occurrence and counted (real data has these; see ../shared/data/README.md).
 """
 
+import logging
 import random
 from collections import defaultdict
 
 from utils.loop.errors import UserError
 from utils.loop.jsonfiles import read_json
+
+logger = logging.getLogger("qa-amp")
 
 
 def load_squad(path: str, labelled: bool = True) -> tuple[list[dict], int]:
@@ -144,4 +147,29 @@ def split_by_article(examples: list[dict], dev_fraction: float, seed: int) -> tu
     dev_titles = set(titles[:n_dev])
     train = [ex for ex in examples if (ex["title"] or ex["context"]) not in dev_titles]
     dev = [ex for ex in examples if (ex["title"] or ex["context"]) in dev_titles]
+    return train, dev
+
+
+def load_train_and_dev(args) -> tuple[list[dict], list[dict]]:
+    """train_reader.py's training and dev examples: from the hub (--dataset_name), or from --train_file and
+    --validation_file (or the train file's articles split by --dev_split), cut to --max_train/eval_samples."""
+    if args.dataset_name:  # hub datasets already use the flattened layout
+        import datasets
+        hub = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
+        train, dev = list(hub["train"]), list(hub["validation"])
+        for ex in train + dev:
+            ex["answers"] = {"text": list(ex["answers"]["text"]), "answer_start": list(ex["answers"]["answer_start"])}
+    else:
+        train, repaired = load_squad(args.train_file)
+        if args.dev_split:
+            train, dev = split_by_article(train, args.dev_split, args.seed)
+        else:
+            dev, repaired_dev = load_squad(args.validation_file)
+            repaired += repaired_dev
+        if repaired:
+            logger.warning("repaired %d answer offsets that did not point at their answer text", repaired)
+    if args.max_train_samples:
+        train = train[: args.max_train_samples]
+    if args.max_eval_samples:
+        dev = dev[: args.max_eval_samples]
     return train, dev

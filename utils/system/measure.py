@@ -9,6 +9,7 @@ from utils.loop.errors import UserError
 from utils.loop.jsonfiles import read_json
 from utils.reader.metrics import best_null_threshold, squad_metrics
 from utils.reader.squad_data import load_squad
+from utils.reader.trained import fingerprint
 from utils.retriever.answers import answer_patterns, holds_answer, normalized
 from utils.system.answer import answer, combine
 
@@ -67,3 +68,27 @@ def recall(questions: list[dict], retrieved: list[list[dict]], k: int) -> float 
     hits = [any(holds_answer(normalized(p["text"]), answer_patterns(q["answers"])) for p in passages[:k])
             for q, passages in zip(questions, retrieved) if q["answers"]]
     return 100.0 * sum(hits) / len(hits) if hits else None
+
+
+def fingerprint_of(questions: list[dict]) -> str:
+    """The questions' fingerprint as utils.reader.trained records it: whether a threshold was tuned on them."""
+    return fingerprint([{"id": q["id"], "question": q["question"], "context": q["context"] or "",
+                         "answers": {"text": q["answers"] or []}} for q in questions])
+
+
+def _answer_seconds(times: list[dict], kk: int) -> float:
+    """Wall seconds to answer with kk passages: retrieval and the reading bands up to kk, of the slowest process."""
+    return max(t["retrieval"] + sum(v for key, v in t.items() if key.startswith("read_") and int(key[5:]) <= kk)
+               for t in times)
+
+
+def questions_per_second(times: list[dict], kk: int, n: int) -> float:
+    """Questions answered per second with kk passages read (the slowest process's wall time)."""
+    return round(n / max(_answer_seconds(times, kk), 1e-9), 2)
+
+
+def reading_share(times: list[dict], kk: int) -> float:
+    """The share of that time spent reading (the rest is retrieval)."""
+    slowest = max(times, key=lambda t: _answer_seconds([t], kk))
+    total = _answer_seconds([slowest], kk)
+    return round(1 - slowest["retrieval"] / max(total, 1e-9), 3)
