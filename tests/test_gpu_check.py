@@ -69,5 +69,6 @@ def test_a_missing_package_stops_the_check_at_once_with_the_whole_list(tmp_path)
     assert proc.returncode == 2 and "[gpu_check]" not in proc.stdout and not (tmp_path / "out").exists()
     assert "preflight FAILED" in proc.stderr
     assert "bm25s (imported by utils/retriever/bm25.py): ModuleNotFoundError: No module named 'bm25s'" in proc.stderr
-    assert "datasets (imported by train_reader.py, utils/reader/windows_cache.py)" in proc.stderr
+    assert "datasets (imported by utils/reader/negatives.py, utils/reader/squad_data.py, utils/reader/windows_cache.py)" \
+           in proc.stderr
     assert "torch" in proc.stdout and "docs/GPU_CHECK.md" in proc.stderr
