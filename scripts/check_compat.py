@@ -12,10 +12,16 @@ users run on transformers 4.x. Not part of the test suite: it needs three enviro
     #    transformers <5 but works only up to 4.51.3 (4.52: DPR query tokenisation gets truncation_strategy
     #    twice; 4.53+: `SequenceSummary` is gone from transformers.modeling_utils and Haystack fails to import).
     HAYSTACK_TELEMETRY_ENABLED=False VH/bin/python scripts/check_compat.py haystack --out /tmp/compat
+    # 4. Haystack 3.x (python3 -m venv VH3; VH3/bin/pip install torch==2.13.0 "haystack-ai>=3,<4"
+    #    transformers-haystack sentence-transformers-haystack): today's Haystack, on the pinned transformers 5
+    HAYSTACK_TELEMETRY_ENABLED=False VH3/bin/python scripts/check_compat.py haystack3 --out /tmp/compat
 
 `train` runs the README commands: train_reader.py on the shipped sample (30 updates, fp32), then its predict mode
 on the sample's dev file (nbest.json: the best span of every question), and train_dpr.py --export_dpr on a
-config-built 2-layer BERT with the packaged MiniLM's tokenizer (10 updates). Each step writes
+config-built 2-layer BERT with the packaged MiniLM's tokenizer (10 updates), the same on sentences
+(--window_sentences 1), and train_dpr.py from the packaged MiniLM on passages, on sentences and on passages
+without their titles (--embed_title false; 10 updates each, for rankings whose scores are spread like a real
+retriever's). Each step writes
 OUT/<step>.json (versions, checks, numbers) and exits non-zero if a check fails. Only the standard library is
 imported at the top: each step imports what its environment has.
 
@@ -30,6 +36,13 @@ What is compared (embeddings and logits with atol 1e-5):
   DensePassageRetriever(dpr dirs).embed_queries / embed_documents equal what the DPR classes compute under
   5.x for the inputs Haystack builds (it strips a question's final "?", and gives a passage's title and text
   one segment: token_type_ids all 0, where train_dpr.py trains with 0 for the title and 1 for the text).
+* haystack3: TransformersExtractiveReader(reader dir) against train_reader.py's best span (it feeds the model no
+  token_type_ids and never reads the null logit: the differences are explained by a diagnostic run that feeds
+  them); each retriever's query_encoder/ and passage_encoder/ in SentenceTransformersTextEmbedder /
+  SentenceTransformersDocumentEmbedder with InMemoryDocumentStore + InMemoryEmbeddingRetriever, ranking the
+  sample's corpus for every DPR dev question, against the top 5 of the project's Retriever API; for the
+  sentence-trained retrievers the documents are split into the project's sentence windows (DocumentSplitter with
+  the project's split as its function) and a passage ranks by its best window. `train` records those rankings.
 """
 
 import argparse
@@ -41,6 +54,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(ROOT, "data", "sample")
 ATOL = 1e-5
+SCORE_TOL = 1e-4  # retrieval scores (dot products near 60 here) in float32 (Retriever) vs float64 (Haystack)
 
 
 def versions(*names):
@@ -137,6 +151,44 @@ def max_diff(a, b):
     return float(np.abs(a - b).max())
 
 
+# The train step's retrievers: the tiny BERT and the packaged MiniLM, each on whole passages and on sentences.
+# And the MiniLM one on passages without their titles (--embed_title false): what Haystack's default embeds.
+RETRIEVERS = ("dpr", "dpr-sentences", "dpr-minilm", "dpr-minilm-sentences", "dpr-minilm-text")
+
+
+def retrieval_questions():
+    """Every question of the sample's DPR dev file: what the retrieval rankings are compared on."""
+    with open(os.path.join(SAMPLE, "dpr_dev.json")) as f:
+        return [q["question"] for q in json.load(f)]
+
+
+def project_retrieval(out):
+    """With the project's environment: what the Retriever API ranks for every DPR dev question over the sample's
+    corpus (top 5 passages), the texts it embeds (passages, or their sentence windows) and their embeddings,
+    and the question embeddings: what the haystack3 step compares Haystack's pipeline with."""
+    from utils.retriever import Retriever
+    from utils.retriever.data import load_passages
+    from utils.retriever.sentence_windows import _SENTENCE_END, sentence_windows
+
+    passages_path = os.path.join(SAMPLE, "dpr_passages.jsonl")
+    questions = retrieval_questions()
+    result = {"sentence_end_pattern": _SENTENCE_END.pattern}  # the project's sentence splitting (re.split)
+    for name in RETRIEVERS:
+        retriever = Retriever(os.path.join(out, name), device="cpu")
+        index = retriever.index(passages_path, bm25=False, progress=False)
+        windows, _ = sentence_windows(load_passages(passages_path), retriever.settings.window_sentences)
+        result[name] = {
+            "settings": {k: getattr(retriever.settings, k) for k in ("pooling", "similarity", "embed_title",
+                                                                    "window_sentences", "max_query_length",
+                                                                    "max_passage_length", "precision")},
+            "top5": [[[h["passage_id"], h["score"]] for h in hits] for hits in index.search(questions, k=5)],
+            "question_embeddings": retriever.encode_questions(questions).tolist(),
+            "texts": [{"title": w["title"], "text": w["text"], "passage_id": w["passage_id"]} for w in windows],
+            "text_embeddings": [list(map(float, row)) for row in index.vectors.embeddings],
+        }
+    return result
+
+
 def train(out):
     """With the project's environment: train both models, record what they compute, and check in-stack
     consistency (the DPR classes and SentenceTransformer agree: both pool [CLS], no projection)."""
@@ -163,11 +215,25 @@ def train(out):
     BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                          intermediate_size=128, max_position_embeddings=512)).save_pretrained(bert)
     tokenizer.save_pretrained(bert)
-    run([env_python, "train_dpr.py", "--query_model_name_or_path", bert, "--passage_model_name_or_path", bert,
-         "--export_dpr", "--max_train_steps", "10", "--output_dir", f"{out}/dpr", "--overwrite_output_dir"],
-        f"{out}/train_dpr.log")
+    # Learning rate 1e-3: from a random start, the default 2e-5 for 10 updates leaves most consecutive top-5 scores
+    # within 1e-4 of each other, so that even identical embeddings would rank differently by float rounding. Even so
+    # the tiny BERT ranks (nearly) the same passages for every question: ranking numbers mean something for the
+    # MiniLM retrievers below; for these only the embeddings and the exact (diagnostic) ranking are checked.
+    dpr_args = ["--query_model_name_or_path", bert, "--passage_model_name_or_path", bert, "--max_train_steps", "10",
+                "--learning_rate", "1e-3", "--mixed_precision", "no", "--overwrite_output_dir"]
+    run([env_python, "train_dpr.py", *dpr_args, "--export_dpr", "--output_dir", f"{out}/dpr"], f"{out}/train_dpr.log")
+    # The same tiny BERT trained on sentences (--window_sentences 1): a passage ranks by its best sentence.
+    run([env_python, "train_dpr.py", *dpr_args, "--window_sentences", "1", "--output_dir", f"{out}/dpr-sentences"],
+        f"{out}/train_dpr_sentences.log")
+    # Both again from the packaged MiniLM (train_dpr.py's default start: mean pooling, cosine), 10 updates: a
+    # retriever whose scores are spread like a real one's (the tiny BERT's all lie within about 0.15 of each other).
+    for name, extra in (("dpr-minilm", []), ("dpr-minilm-sentences", ["--window_sentences", "1"]),
+                        ("dpr-minilm-text", ["--embed_title", "false"])):
+        run([env_python, "train_dpr.py", "--max_train_steps", "10", "--mixed_precision", "no", "--overwrite_output_dir",
+             *extra, "--output_dir", f"{out}/{name}"], f"{out}/train_{name.replace('-', '_')}.log")
 
     reference = measure(out)
+    reference["retrieval"] = project_retrieval(out)
     for key, name in (("best_span", "reader-predict"), ("best_span_any_length", "reader-predict-any-length")):
         with open(f"{out}/{name}/nbest.json") as f:
             reference[key] = {qid: d["nbest"][0]["text"] for qid, d in json.load(f).items() if d["nbest"]}
@@ -264,6 +330,244 @@ def haystack(out):
             "checks": checks}
 
 
+def pair_token_types(input_ids, attention_mask, sep_token_id):
+    """The token_type_ids a BERT tokenizer gives a pair (a, b) for the ids of "a [SEP] b": 1 after the first
+    [SEP] (b and its closing [SEP]), 0 up to it and on padding."""
+    is_sep = (input_ids == sep_token_id).long()
+    return (((is_sep.cumsum(1) - is_sep) >= 1) & (attention_mask == 1)).long()
+
+
+def agreement(differ, total):
+    return {"questions": total, "agree": total - len(differ), "differ": differ}
+
+
+def haystack3_reader(out, reference):
+    """TransformersExtractiveReader (transformers-haystack) on the reader directory, each dev question with its
+    own paragraph as the one Document: its top answer against train_reader.py's best span."""
+    from haystack import Document
+    from haystack.utils import ComponentDevice
+    from haystack_integrations.components.readers.transformers import TransformersExtractiveReader
+
+    reader_dir = os.path.join(out, "reader")
+    with open(os.path.join(reader_dir, "reader_settings.json")) as f:
+        ours = json.load(f)
+    # What carries over from reader_settings.json: the window length and stride. Not the answer-length cap (the
+    # reader has none) nor the SQuAD v2 null threshold (it never reads the [CLS] null logit).
+    windows = {"max_seq_length": ours["max_seq_length"], "stride": ours["doc_stride"]}
+    cpu = ComponentDevice.from_str("cpu")
+    questions = dev_questions()
+
+    class WithTokenTypes:  # the model called with the token_type_ids train_reader.py feeds it (0 question, 1 context)
+        def __init__(self, model, sep_token_id):
+            self.model, self.sep_token_id = model, sep_token_id
+
+        def __call__(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=pair_token_types(input_ids, attention_mask, self.sep_token_id))
+
+    def top_answers(reader):
+        got = {}
+        for qid, question, context in questions:
+            answers = reader.run(query=question, documents=[Document(content=context)])["answers"]
+            got[qid] = answers[0].data if answers else None  # data None: Haystack's no-answer
+        return got
+
+    def compare(got, key):
+        return {qid: {"Haystack": a, "train_reader.py": reference[key].get(qid)} for qid, a in got.items()
+                if a != reference[key].get(qid)}
+
+    results = {}
+    defaults = TransformersExtractiveReader(model=reader_dir, device=cpu)
+    results["defaults (no_answer=True, top_k=20)"] = top_answers(defaults)
+    results["no_answer=True, top_k=1"] = top_answers(TransformersExtractiveReader(model=reader_dir, device=cpu,
+                                                                                  top_k=1, **windows))
+    plain = TransformersExtractiveReader(model=reader_dir, device=cpu, no_answer=False, top_k=1, **windows)
+    results["no_answer=False"] = top_answers(plain)
+    fixed = TransformersExtractiveReader(model=reader_dir, device=cpu, no_answer=False, top_k=1, **windows)
+    fixed.warm_up()
+    fixed.model = WithTokenTypes(fixed.model, fixed.tokenizer.sep_token_id)
+    results["diagnostic: no_answer=False + token_type_ids"] = top_answers(fixed)
+
+    tok = plain.tokenizer
+    longer = sum(len(tok(q, c)["input_ids"]) > windows["max_seq_length"] for _, q, c in questions)
+    checks = {}
+    for name, got in results.items():
+        # Against the best span of any length: the reader caps no answer length (train_reader.py caps at 30).
+        entry = {**agreement(compare(got, "best_span_any_length"), len(questions)),
+                 "agree with the 30-token best span": len(questions) - len(compare(got, "best_span")),
+                 "no-answer on top": sum(a is None for a in got.values())}
+        if name.startswith("diagnostic"):
+            # The explanation of the differences above, checked: fed the token_type_ids, the reader answers
+            # exactly as train_reader.py decodes.
+            checks[f"TransformersExtractiveReader ({name}) = train_reader.py's best span of any length"] = {
+                **entry, "ok": not entry["differ"]}
+        else:
+            checks[f"note: TransformersExtractiveReader ({name}) vs train_reader.py's best span of any length"] = {
+                **entry, "ok": True}
+    with open(os.path.join(out, "reader-predict", "predictions.json")) as f:
+        no_answer = sum(a == "" for a in json.load(f).values())
+    checks["note: reader settings"] = {"carried over": windows, "dev contexts longer than one window": longer,
+                                       "train_reader.py answers '' (its null threshold)": no_answer,
+                                       "not carried over": {"max_answer_length": ours["max_answer_length"],
+                                                            "null_threshold": ours["null_threshold"]},
+                                       "ok": True}
+    return checks
+
+
+def haystack3_retrieval(out, reference):
+    """Each retriever's query_encoder/ and passage_encoder/ in SentenceTransformersTextEmbedder /
+    SentenceTransformersDocumentEmbedder, InMemoryDocumentStore and InMemoryEmbeddingRetriever over the sample's
+    corpus, against the top 5 passages the project's Retriever API ranks (recorded by the train step)."""
+    import re
+
+    from haystack import Document, Pipeline
+    from haystack.components.preprocessors import DocumentSplitter
+    from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever
+    from haystack.document_stores.in_memory import InMemoryDocumentStore
+    from haystack.utils import ComponentDevice
+    from haystack_integrations.components.embedders.sentence_transformers import (
+        SentenceTransformersDocumentEmbedder, SentenceTransformersTextEmbedder)
+
+    cpu = ComponentDevice.from_str("cpu")
+    recorded = reference["retrieval"]
+    sentence_end = re.compile(recorded["sentence_end_pattern"])
+    questions = retrieval_questions()
+    with open(os.path.join(SAMPLE, "dpr_passages.jsonl")) as f:
+        passages = [json.loads(line) for line in f]
+    whole = [Document(content=p["text"], meta={"title": p["title"], "passage_id": p["passage_id"]}) for p in passages]
+    checks = {}
+
+    for name in RETRIEVERS:
+        ours, directory = recorded[name], os.path.join(out, name)
+        settings, n = recorded[name]["settings"], recorded[name]["settings"]["window_sentences"]
+        similarity = "cosine" if settings["similarity"] == "cosine" else "dot_product"
+
+        def windows_of(text, n=n):  # the project's sentence windows (utils/retriever/sentence_windows.py)
+            parts = sentence_end.split(text.strip())
+            return [" ".join(parts[s:s + n]) for s in range(max(1, len(parts) - n + 1))]
+
+        def text_embedder():
+            return SentenceTransformersTextEmbedder(model=f"{directory}/query_encoder", device=cpu,
+                                                    progress_bar=False, local_files_only=True)
+
+        gaps = sorted(a[1] - b[1] for hits in ours["top5"] for a, b in zip(hits, hits[1:]))
+        checks[f"note: {name}: the project's top-5 score gaps"] = {
+            "median": gaps[len(gaps) // 2], "smallest": gaps[0], "below SCORE_TOL": sum(g <= SCORE_TOL for g in gaps),
+            "gaps": len(gaps), "ok": True}
+        embedder = text_embedder()
+        embedder.warm_up()
+        diff = max_diff([embedder.run(text=q)["embedding"] for q in questions], ours["question_embeddings"])
+        checks[f"{name}: SentenceTransformersTextEmbedder(query_encoder) = Retriever.encode_questions"] = {
+            "max_abs_diff": diff, "ok": diff <= ATOL}
+
+        # The units documents are cut into: with sentence windows, the project's windows given as Documents
+        # (passage_id in meta), Haystack's DocumentSplitter with the project's splitting as its function and with
+        # its own split on periods, and the unsplit passages (what a user who does not split gets).
+        if n:
+            project_windows = [Document(content=w["text"], meta={"title": w["title"], "passage_id": w["passage_id"],
+                                                                 "window": k}) for k, w in enumerate(ours["texts"])]
+            split = DocumentSplitter(split_by="function", splitting_function=windows_of).run(whole)["documents"]
+            same = [(d.content, d.meta["passage_id"]) for d in split] == [(w["text"], w["passage_id"])
+                                                                          for w in ours["texts"]]
+            checks[f"{name}: DocumentSplitter(split_by='function', the project's split) = the project's windows"] = {
+                "windows": len(split), "project windows": len(ours["texts"]), "ok": same}
+            units = {"project windows": project_windows,
+                     "DocumentSplitter(split_by='function')": split,
+                     "DocumentSplitter(split_by='period', split_length=1)":
+                         DocumentSplitter(split_by="period", split_length=1).run(whole)["documents"],
+                     "whole passages": whole}
+        else:
+            units = {"whole passages": whole}
+
+        sep = embedder.embedding_backend.model.tokenizer.sep_token
+        embeddings = {"text only (default)": {}}
+        if settings["embed_title"]:  # the title too: Haystack has no pair, only a separator within one segment
+            embeddings.update({
+                "meta_fields_to_embed=['title'] (separator '\\n')": {"meta_fields_to_embed": ["title"]},
+                f"meta_fields_to_embed=['title'], embedding_separator=' {sep} '": {
+                    "meta_fields_to_embed": ["title"], "embedding_separator": f" {sep} "}})
+        for unit, documents in units.items():
+            aligned = [(d.content, d.meta["passage_id"]) for d in documents] == [(t["text"], t["passage_id"])
+                                                                                 for t in ours["texts"]]
+            for setting, kwargs in embeddings.items():
+                pair_ids = sep in kwargs.get("embedding_separator", "")
+                for diagnostic in ((False, True) if aligned and pair_ids else (False,)):
+                    doc_embedder = SentenceTransformersDocumentEmbedder(
+                        model=f"{directory}/passage_encoder", device=cpu, progress_bar=False, local_files_only=True,
+                        **kwargs)
+                    doc_embedder.warm_up()
+                    st = doc_embedder.embedding_backend.model  # shared by the embedders of this model: restored
+                    if diagnostic:  # the pair's segments (0 title, 1 text), as the project's passage side encodes
+                        preprocess, sep_id = st.preprocess, st.tokenizer.sep_token_id
+
+                        def with_token_types(*args, **kw):
+                            features = preprocess(*args, **kw)
+                            features["token_type_ids"] = pair_token_types(features["input_ids"],
+                                                                          features["attention_mask"], sep_id)
+                            return features
+
+                        st.preprocess = with_token_types
+                    try:
+                        embedded = doc_embedder.run(documents)["documents"]
+                    finally:
+                        st.__dict__.pop("preprocess", None)
+                    store = InMemoryDocumentStore(embedding_similarity_function=similarity, shared=False)
+                    store.write_documents(embedded)
+                    pipe = Pipeline()
+                    pipe.add_component("embedder", text_embedder())
+                    pipe.add_component("retriever", InMemoryEmbeddingRetriever(store, top_k=len(embedded)))
+                    pipe.connect("embedder.embedding", "retriever.query_embedding")
+                    top1 = top5 = same_set = 0
+                    score_diff = 0.0  # position-wise, top-5 scores: near-tied passages may swap, scores stay
+                    passage_score_diff = 0.0  # the project's top-5 passages: Haystack's score of each vs ours
+                    for q, hits in zip(questions, ours["top5"]):
+                        ranked = {}  # passages by their best unit (MaxP), as the project ranks sentence windows
+                        for doc in pipe.run({"embedder": {"text": q}})["retriever"]["documents"]:
+                            ranked.setdefault(doc.meta["passage_id"], doc.score)
+                        got, want = list(ranked)[:5], [pid for pid, _ in hits]
+                        top1 += got[:1] == want[:1]
+                        top5 += got == want
+                        same_set += set(got) == set(want)
+                        score_diff = max(score_diff, max_diff([ranked[pid] for pid in got], [s for _, s in hits]))
+                        passage_score_diff = max(passage_score_diff, max(abs(ranked[pid] - s) for pid, s in hits))
+                    entry = {"questions": len(questions), "identical top-5": top5 / len(questions),
+                             "identical top-1": top1 / len(questions), "same top-5 set": same_set / len(questions),
+                             "max |score - ours| of our top-5 passages": passage_score_diff}
+                    if aligned:
+                        entry["max_abs_diff vs the project's embeddings"] = max_diff(
+                            [d.embedding for d in embedded], ours["text_embeddings"])
+                    label = f"{name}: {unit}, {setting}"
+                    if diagnostic:
+                        # The explanation checked: with the pair's segments the Haystack pipeline embeds and ranks
+                        # exactly as the project.
+                        # Rankings are compared by their scores: passages whose scores differ by float32
+                        # rounding (SCORE_TOL) may swap.
+                        entry["max top-5 score difference (position-wise)"] = score_diff
+                        checks[f"{label} + token_type_ids 0/1 (diagnostic) = the project's ranking"] = {
+                            **entry, "ok": score_diff <= SCORE_TOL
+                            and entry["max_abs_diff vs the project's embeddings"] <= ATOL}
+                    elif aligned and not settings["embed_title"]:
+                        # Text alone, one segment: Haystack's default embeds exactly what the project does.
+                        entry["max top-5 score difference (position-wise)"] = score_diff
+                        checks[f"{label} = the project's ranking"] = {
+                            **entry, "ok": score_diff <= SCORE_TOL
+                            and entry["max_abs_diff vs the project's embeddings"] <= ATOL}
+                    else:
+                        checks[f"note: {label} vs the project's ranking"] = {**entry, "ok": True}
+    return checks
+
+
+def haystack3(out):
+    """Haystack 3.x (haystack-ai) with the transformers-haystack and sentence-transformers-haystack integrations:
+    the reader in TransformersExtractiveReader, both retrievers' sentence-transformers directories in the
+    SentenceTransformers embedders with InMemoryDocumentStore and InMemoryEmbeddingRetriever."""
+    reference = load_reference(out)
+    checks = {**haystack3_reader(out, reference), **haystack3_retrieval(out, reference)}
+    return {"step": "haystack3", "checks": checks,
+            "versions": versions("haystack-ai", "transformers-haystack", "sentence-transformers-haystack", "torch",
+                                 "transformers", "tokenizers", "huggingface_hub", "sentence-transformers")}
+
+
 def load_reference(out):
     with open(os.path.join(out, "train.json")) as f:
         return json.load(f)["reference"]
@@ -271,11 +575,12 @@ def load_reference(out):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["train", "transformers4", "haystack"])
+    parser.add_argument("step", choices=["train", "transformers4", "haystack", "haystack3"])
     parser.add_argument("--out", default="/tmp/compat")
     args = parser.parse_args()
     out = os.path.abspath(args.out)
-    report = {"train": train, "transformers4": transformers4, "haystack": haystack}[args.step](out)
+    report = {"train": train, "transformers4": transformers4, "haystack": haystack,
+              "haystack3": haystack3}[args.step](out)
     with open(os.path.join(out, f"{args.step}.json"), "w") as f:
         json.dump(report, f, indent=1)
     print(json.dumps({"versions": report["versions"], "checks": report["checks"]}, indent=1))
