@@ -16,7 +16,9 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       --num_train_epochs 3.5 --learning_rate 2e-4 --freeze_word_embeddings true \
       --metric_for_best_model tuned_f1 --eval_steps 308 --checkpointing_steps 308
       The real-data run (docs/RESULTS.md): expect dev F1 near 57 at the dev-tuned null threshold that
-      reader_settings.json records, near 54 at threshold 0.
+      reader_settings.json records, near 54 at threshold 0. Add --negative_passages 1 --passages corpus.jsonl for
+      a reader that will read retrieved passages (qa_system.py): about the same dev F1, and a QA system whose
+      F1 holds as it reads more passages instead of falling (docs/RESULTS.md, the QA system).
 
   python train_reader.py --model_name_or_path outputs/reader-squad --do_train false \
       --validation_file ../shared/data/squad/dev.json --output_dir outputs/eval   (or --predict_file questions.jsonl)

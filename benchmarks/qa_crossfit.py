@@ -1,0 +1,83 @@
+"""The QA system's scores with a no-answer threshold it was not tuned on: two-fold cross-fitting by paragraph.
+
+qa_system.py tunes its threshold on --validation_file; when that is the file being scored (the shared dev set is
+the only labelled file beside the training data) the score is an upper bound. This re-scores a finished run from
+its details.jsonl (each passage's best span and null score), without reading again: the paragraphs are split into
+two halves (alternately, in file order; a paragraph's questions stay together), the threshold is tuned on one
+half and applied to the other, and the answers of both halves are scored together.
+
+    python benchmarks/qa_crossfit.py --run outputs/qa --questions ../shared/data/squad/dev.json
+
+Prints, per k: F1 at the upper-bound threshold (tuned on all of the file) and cross-fitted, EM, HasAns/NoAns F1.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from utils.system.answer import combine  # noqa: E402
+from utils.system.measure import load_questions, scores, tune_threshold  # noqa: E402
+
+
+def paragraph_of(path: str) -> dict:
+    """Question id -> the index of its paragraph in the SQuAD JSON."""
+    with open(path, encoding="utf-8") as f:
+        paragraphs = [p for article in json.load(f)["data"] for p in article["paragraphs"]]
+    return {qa["id"]: i for i, p in enumerate(paragraphs) for qa in p["qas"]}
+
+
+def readings_of(path: str) -> dict:
+    """Question id -> its passages' readings, in retrieval order, as utils.system.answer.combine takes them."""
+    out = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            out[row["id"]] = [{"passage_id": p["passage_id"], "text": p["span"], "score": p["span_score"],
+                               "null_score": p["null_score"],
+                               "null_minus_best": p["null_score"] - p["span_score"] if p["span"] else math.inf}
+                              for p in row["passages"]]
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", required=True, help="a qa_system.py output directory (its details.jsonl)")
+    parser.add_argument("--questions", required=True, help="the labelled SQuAD JSON the run answered")
+    parser.add_argument("--k", type=int, nargs="+", default=[1, 3, 5, 10])
+    args = parser.parse_args()
+
+    questions = load_questions(args.questions)
+    paragraph, readings = paragraph_of(args.questions), readings_of(os.path.join(args.run, "details.jsonl"))
+    halves = [[q for q in questions if paragraph[q["id"]] % 2 == h] for h in (0, 1)]
+    print(f"{args.run}: {len(questions)} questions, halves of {len(halves[0])} / {len(halves[1])} questions "
+          f"({len(set(paragraph.values()))} paragraphs)")
+    print("| k | F1 (threshold tuned on the file: upper bound) | F1 cross-fitted | EM | HasAns F1 | NoAns F1 |")
+    print("|---|---|---|---|---|---|")
+    for k in args.k:
+        def combined(qs):
+            return [combine(readings[q["id"]][:k]) for q in qs]
+
+        upper = scores(questions, combined(questions), tune_threshold(questions, combined(questions)))
+        # each half answered at the threshold tuned on the other half; both scored together
+        answered, views = [], []
+        for h in (0, 1):
+            threshold = tune_threshold(halves[1 - h], combined(halves[1 - h]))
+            answered += halves[h]
+            views += [dict(c, threshold=threshold) for c in combined(halves[h])]
+        crossed = _scores_at_own_thresholds(answered, views)
+        print(f"| {k} | {upper['f1']:.2f} | {crossed['f1']:.2f} | {crossed['exact']:.2f} | "
+              f"{crossed.get('HasAns_f1', float('nan')):.2f} | {crossed.get('NoAns_f1', float('nan')):.2f} |")
+
+
+def _scores_at_own_thresholds(questions, views):
+    """scores() where each question carries its own threshold: abstaining is decided first, then scored at None."""
+    decided = [c if c["null_minus_best"] <= c["threshold"] else dict(c, text="") for c in views]
+    return scores(questions, decided, None)
+
+
+if __name__ == "__main__":
+    main()
