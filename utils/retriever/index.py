@@ -178,7 +178,10 @@ class Index:
         """A FAISS index (faiss-cpu) over the stored vectors, inner product (cosine retrievers' vectors are
         normalised): "flat" (exact) or "hnsw" (approximate, `hnsw_m` links per node). Row i is vector i of this
         index: with sentence windows, map rows to passages with `search_faiss` or this index's owner array."""
-        import faiss
+        try:  # optional: training, evaluation and the exact search never need it
+            import faiss
+        except ImportError:
+            raise UserError("Index.to_faiss needs FAISS: pip install faiss-cpu (or faiss-gpu)") from None
 
         vectors = np.ascontiguousarray(np.asarray(self.vectors.embeddings, dtype=np.float32))
         if kind == "flat":
