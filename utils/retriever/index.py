@@ -116,12 +116,7 @@ class Index:
             fused = convex_fusion(c, settings.hybrid_dense_weight)
             order = np.argsort(-fused, axis=1, kind="stable")[:, :k]
             scores, ids = np.take_along_axis(fused, order, 1), np.take_along_axis(c.ids, order, 1)
-        return [[{**self._passage(int(j)), "score": float(s)} for s, j in zip(row_s[:k], row_i[:k]) if j >= 0]
-                for row_s, row_i in zip(scores, ids)]
-
-    def _passage(self, j: int) -> dict:
-        p = self.passages[j]
-        return {"passage_id": p["passage_id"], "title": p["title"], "text": p["text"]}
+        return ranked_passages(self.passages, scores[:, :k], ids[:, :k])
 
     # --- on disk ---
 
@@ -209,11 +204,23 @@ class Index:
                 if r < 0 or p in seen:
                     continue
                 seen.add(p)
-                hits.append({**self._passage(p), "score": float(s)})
+                hits.append(passage_hit(self.passages, p, s))
                 if len(hits) == k:
                     break
             out.append(hits)
         return out
+
+
+def passage_hit(passages: list[dict], j: int, score) -> dict:
+    """Passage j of the corpus as a search result: {"passage_id", "title", "text", "score"}."""
+    p = passages[j]
+    return {"passage_id": p["passage_id"], "title": p["title"], "text": p["text"], "score": float(score)}
+
+
+def ranked_passages(passages: list[dict], scores, ids) -> list[list[dict]]:
+    """Per query, its ranked passage ids (-1: none) and scores as search results, best first."""
+    return [[passage_hit(passages, int(j), s) for s, j in zip(row_s, row_i) if j >= 0]
+            for row_s, row_i in zip(scores, ids)]
 
 
 def _read_meta(directory: str) -> dict:

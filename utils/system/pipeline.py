@@ -17,7 +17,7 @@ from utils.loop.errors import UserError
 from utils.reader.trained import Reader
 from utils.retriever.bm25 import BM25
 from utils.retriever.data import load_passages
-from utils.retriever.index import Index, Retriever
+from utils.retriever.index import Index, Retriever, ranked_passages
 from utils.system.answer import answer, combine
 
 
@@ -55,9 +55,7 @@ class QASystem:
         """Per question its k best passages ({"passage_id", "title", "text", "score"}), best first."""
         if self.bm25 is not None:
             scores, ids, _, _ = self.bm25.search(list(questions), k)
-            return [[{"passage_id": self.passages[j]["passage_id"], "title": self.passages[j]["title"],
-                      "text": self.passages[j]["text"], "score": float(s)} for s, j in zip(row_s, row_i)]
-                    for row_s, row_i in zip(scores, ids)]
+            return ranked_passages(self.passages, scores, ids)
         return self.index.search(list(questions), k, hybrid=self.hybrid)
 
     def read(self, questions: list[str], retrieved: list[list[dict]]) -> list[list[dict]]:
