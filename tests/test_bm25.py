@@ -83,3 +83,35 @@ def test_convex_fusion_weight_is_tuned_and_cross_fitted_by_hand():
     ranks, weight = cross_fitted_ranks(both, gold)
     assert ranks.tolist() == [1, 3]
     assert weight == 0.55  # tuned on both: the one weight that puts both golds first
+
+
+def test_bm25_ties_go_to_the_smaller_id_whatever_k():
+    """Equal scores (here: identical passages) by the smaller id, as in the dense search: every k's ranking is the
+    first k of the whole sorted corpus, so a k = 1 and a k = 10 search agree on the first hit."""
+    texts = ["lighthouse keeper cottage harbour", "lighthouse museum volunteers spring", "weaving loom tartan mill"]
+    corpus = [{"title": "", "text": texts[g]} for g in np.random.default_rng(3).integers(0, 3, 150)]
+    bm25 = BM25(corpus)
+    s = bm25.query_scores("lighthouse keeper")
+    assert len(set(s.tolist())) == 3  # three scores, each shared by about 50 passages
+    whole = np.lexsort((np.arange(len(s)), -s))
+    for k in range(1, 151):
+        scores, ids, _, _ = bm25.search(["lighthouse keeper"], k)
+        assert ids[0].tolist() == whole[:k].tolist() and scores[0].tolist() == s[whole[:k]].tolist(), k
+
+
+def test_k_best_is_the_one_tie_rule():
+    from utils.retriever.bm25 import k_best
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        s = rng.integers(0, 4, int(rng.integers(1, 60))).astype(np.float32)
+        k = int(rng.integers(1, 70))
+        assert k_best(s, k).tolist() == np.lexsort((np.arange(len(s)), -s))[:k].tolist()
+
+
+def test_a_gold_passage_listed_twice_counts_once():
+    bm25 = BM25(CORPUS)
+    questions = ["Who designed the Corran lighthouse?", "Where did Ada build her loom?"]
+    once = bm25.search(questions, 3, gold=[[1], [1]])[2]
+    twice = bm25.search(questions, 3, gold=[[1, 1], [1, 1]])[2]
+    assert twice.tolist() == once.tolist() == [1, 3]  # ties (score 0) count against the gold

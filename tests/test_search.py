@@ -76,6 +76,28 @@ def test_k_larger_than_the_collection_and_nan_scores():
     assert (counts == 3).all()  # a NaN gold ranks last: every other passage is at or above it
 
 
+def test_a_nan_window_is_dropped_whatever_the_blocks():
+    """One rule in every path: a NaN window scores -inf before its passage takes its best window, so the passage
+    scores by its other windows, whether it lies in the first block or a later one, and in gold_scores and
+    score_passages alike."""
+    from utils.retriever.search import gold_scores
+
+    q, emb, owner = data(5, cosine=True, windows=True, n_passages=60)
+    bad = int(np.flatnonzero(np.bincount(owner) >= 2)[0])  # a passage with several windows
+    emb[np.flatnonzero(owner == bad)[0]] = np.nan
+    want = np.stack([np.where(np.isnan(q @ emb[owner == p].T), -np.inf, q @ emb[owner == p].T).max(1)
+                     for p in range(owner.max() + 1)], axis=1)
+    assert np.isfinite(want[:, bad]).all()
+    vectors, qt = Vectors(emb, owner), torch.from_numpy(q)
+    gold = np.full((len(q), 1), bad)
+    for block_rows in (2, 7, 64, 4096):  # the bad passage in the first block, or in a later one
+        scores, ids, _ = top_k(qt, vectors, 60, block_rows=block_rows, prefilter=False)
+        got = np.take_along_axis(scores, np.argsort(ids, 1), 1)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(gold_scores(qt, vectors, gold, block_rows=block_rows), want[:, bad], rtol=1e-5)
+    np.testing.assert_allclose(score_passages(qt, vectors, gold)[:, 0], want[:, bad], rtol=1e-5)
+
+
 def test_shards_cover_the_passages_once():
     assert [list(shard(7, r, 3)) for r in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
     assert [len(shard(2, r, 3)) for r in range(3)] == [1, 1, 0]

@@ -20,6 +20,10 @@ class BM25:
     """BM25 of a corpus, one question at a time: memory is one score per passage, never questions x passages."""
 
     def __init__(self, passages: list[dict]):
+        if not passages:
+            from utils.loop.errors import UserError
+
+            raise UserError("BM25 needs at least one passage")
         self.size = len(passages)
         self.retriever = bm25s.BM25()
         self.retriever.index(_tokenize([f"{p['title']} {p['text']}" for p in passages]), show_progress=False)
@@ -39,10 +43,6 @@ class BM25:
         out.size = size
         return out
 
-    def top(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(passage indices, scores) of each query's k best passages, best first."""
-        return self.retriever.retrieve(_tokenize(queries), k=min(k, self.size), show_progress=False)
-
     def query_scores(self, query: str) -> np.ndarray:
         """The score of every passage for one query (float32), 0 where no query term occurs."""
         tokens = _tokenize([query], return_ids=False)[0]
@@ -54,8 +54,9 @@ class BM25:
 
     def search(self, queries: list[str], k: int, gold: list[list[int]] | None = None,
                score_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """(scores, ids, gold ranks, scores of score_ids): per query its k best passages (ties: the smaller id first),
-        with `gold` the rank of its best gold passage (1 + the others scoring at least as high: a question sharing
+        """(scores, ids, gold ranks, scores of score_ids): per query its k best passages (ties: the smaller id first,
+        the project's one rule: utils.retriever.selection), with `gold` (per query its gold passages' ids, each
+        counted once) the rank of its best gold passage (1 + the others scoring at least as high: a question sharing
         no term with the corpus ranks last), with `score_ids` (query x ids, -1 = none) the BM25 score of those
         passages (the dense candidates a hybrid fuses)."""
         k = min(k, self.size)
@@ -64,16 +65,28 @@ class BM25:
         extra = np.full(score_ids.shape, -np.inf, np.float32) if score_ids is not None else None
         for i, query in enumerate(queries):
             s = self.query_scores(query)
-            best = np.argpartition(-s, k - 1)[:k] if k < self.size else np.arange(self.size)
-            best = best[np.lexsort((best, -s[best]))]
-            top_s[i], top_i[i] = s[best], best
+            top_i[i] = k_best(s, k)
+            top_s[i] = s[top_i[i]]
             if gold is not None:
-                g = s[gold[i]].max()
-                ranks[i] = int((s >= g).sum() - (s[gold[i]] >= g).sum()) + 1
+                ids = np.unique(np.asarray(gold[i], dtype=np.int64))
+                g = s[ids].max()
+                ranks[i] = int((s >= g).sum() - (s[ids] >= g).sum()) + 1
             if score_ids is not None:
                 valid = score_ids[i] >= 0
                 extra[i, valid] = s[score_ids[i][valid]]
         return top_s, top_i, ranks, extra
+
+
+def k_best(scores: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k best scores, best first, equal scores by the smaller id (utils.retriever.selection's rule,
+    the dense search's), whatever k: a k = 1 and a k = 10 search agree on the first hit. Linear in the corpus: the
+    k-th best score by partition, then every passage above it and the smallest ids among those equal to it."""
+    if k >= len(scores):
+        return np.lexsort((np.arange(len(scores)), -scores))
+    kth = np.partition(scores, len(scores) - k)[len(scores) - k]
+    above = np.flatnonzero(scores > kth)
+    best = np.concatenate([above, np.flatnonzero(scores == kth)[:k - len(above)]])
+    return best[np.lexsort((best, -scores[best]))]
 
 
 _STEMMER = Stemmer.Stemmer("english")

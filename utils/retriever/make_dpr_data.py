@@ -35,7 +35,7 @@ def build(examples: list[dict], num_hard_negatives: int, num_negatives: int, see
     if not questions:
         raise UserError("no answerable questions to build DPR examples from")
 
-    hits, scores = BM25(passages).top([q["question"] for q in questions], num_hard_negatives + 50)
+    scores, hits, _, _ = BM25(passages).search([q["question"] for q in questions], num_hard_negatives + 50)
     texts = [normalized(p["text"]) for p in passages]
     rng = random.Random(seed)
     out = []

@@ -103,12 +103,13 @@ def bf16_prefilter_available(device) -> bool:
 def _exact_scores(q: torch.Tensor, w: torch.Tensor, vectors: Vectors, first: int, last: int,
                   per_passage: bool = True) -> torch.Tensor:
     """fp32 scores of the queries q for passages first:last (block vectors w): per passage (its best window), or
-    `per_passage=False` per vector; NaN -> -inf."""
+    `per_passage=False` per vector. A NaN score is -inf (it ranks last) before a passage takes its best window, in
+    every path (`gold_scores`, `score_passages` alike): a NaN window is dropped, the passage scores by its others."""
     scores = q @ w.T
+    if torch.isnan(scores.amax(1)).any():  # a NaN embedding (amax propagates NaN: one check per block)
+        scores = torch.nan_to_num(scores, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     if per_passage:
         scores = _passage_scores(scores, vectors, first, last)
-    if torch.isnan(scores.amax(1)).any():  # a NaN embedding: its scores rank last
-        scores = torch.nan_to_num(scores, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     return scores
 
 
