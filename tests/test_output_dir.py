@@ -156,3 +156,39 @@ def test_results_are_strict_json(tiny_bert_dir, tmp_path):
         strict(open(os.path.join(out, name)).read())
     for line in open(os.path.join(out, "train_log.jsonl")):
         strict(line)
+
+
+def test_an_evaluation_creates_nothing_until_it_publishes_and_a_finished_one_is_never_silently_reused(tmp_path):
+    from utils.loop.errors import UserError
+    from utils.loop.output_dir import write_marker
+
+    out = tmp_path / "eval"
+    accelerator, args = accelerator_and_args(out)
+    prepare_output_dir(accelerator, args, "evaluate")
+    assert not out.exists()  # checked, not created: an interrupted evaluation leaves nothing
+    with pytest.raises(KeyboardInterrupt):
+        with publish_dir(accelerator, str(out), state="evaluated") as staging:
+            open(os.path.join(staging, "predictions.json"), "w").write("{}")
+            raise KeyboardInterrupt
+    assert os.listdir(tmp_path) == []
+    with publish_dir(accelerator, str(out), state="evaluated") as staging:
+        open(os.path.join(staging, "null_scores.json"), "w").write("{}")
+    assert read_marker(out) == {"script": read_marker(out)["script"], "state": "evaluated"}
+    for mode in ("evaluate", "train"):
+        with pytest.raises(UserError, match="holds the outputs of an earlier run"):
+            prepare_output_dir(accelerator, args, mode)
+    args.overwrite_output_dir = True
+    prepare_output_dir(accelerator, args, "evaluate")
+    with publish_dir(accelerator, str(out), state="evaluated") as staging:
+        open(os.path.join(staging, "predictions.json"), "w").write("{}")
+    assert sorted(os.listdir(out)) == [MARKER, "predictions.json"]  # nothing of the earlier run stays
+    model = tmp_path / "model"
+    model.mkdir()
+    write_marker(str(model), "train_reader.py", "published")
+    accelerator, args = accelerator_and_args(model)
+    with pytest.raises(UserError, match="holds a trained model"):
+        prepare_output_dir(accelerator, args, "evaluate")
+    (tmp_path / "file").write_text("x")
+    accelerator, args = accelerator_and_args(tmp_path / "file" / "sub")
+    with pytest.raises(UserError, match="cannot create the output directory"):
+        prepare_output_dir(accelerator, args, "evaluate")

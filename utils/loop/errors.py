@@ -26,7 +26,8 @@ def exit_on_user_error(main):
             sys.exit(2)
         except (Interrupted, KeyboardInterrupt) as err:
             if os.environ.get("RANK", "0") == "0":
-                print(f"\n{err or 'interrupted'}", file=sys.stderr, flush=True)
+                # str(), not the exception itself: a bare KeyboardInterrupt() is truthy and prints as ""
+                print(f"\n{str(err) or 'interrupted: nothing was written'}", file=sys.stderr, flush=True)
             sys.exit(130)
 
     return wrapper

@@ -1,20 +1,23 @@
 """The output directory's life: refused when it would destroy something, published as a whole.
 
-A run marks its output directory with `.qa-amp.json` ({"script", "state"}: "training", "published" or
-"evaluation"). That is how a later run tells its own directories from anybody else's:
-* a directory that holds a published model, or that is not empty and carries neither a marker nor checkpoints of
-  ours (not written by a run of ours), is refused unless --overwrite_output_dir: a second run must not silently
-  replace a finished model;
+A run marks its output directory with `.qa-amp.json` ({"script", "state"}): "training" (a training run's
+checkpoints), "published" (a trained model) or "evaluated" (the results of an evaluation or of the QA system).
+That is how a later run tells its own directories from anybody else's:
+* a directory that is not empty and carries neither a marker nor checkpoints of ours (not written by a run of
+  ours) is refused unless --overwrite_output_dir;
+* one that holds a trained model or the results of an earlier evaluation is refused unless --overwrite_output_dir:
+  a second run must not silently replace a finished one;
 * one with checkpoints of an unfinished run is refused unless --resume_from_checkpoint or --overwrite_output_dir.
 
-Publishing replaces the directory as a whole. The new model and its outputs are written to a hidden sibling,
-which is swapped with the output directory in one atomic rename (Linux renameat2 RENAME_EXCHANGE); the run's own
-state (checkpoints, best model, training log, tracker logs) then moves into the new directory, and the old
-contents, leftovers of earlier runs included, are deleted. A crash at any point leaves either the old or the new
-model, never a mix; checkpoints left in the sibling by a crash between the swap and the move are moved back by
-the next run. Where the swap is impossible (a mount point, a file system without RENAME_EXCHANGE) the directory is
-replaced entry by entry, its old entries removed first and config.json moved in last, so that it is never a
-loadable mix of old and new.
+Publishing replaces the directory as a whole (`staged_directory`). The new contents are written to a hidden
+sibling, which is swapped with the output directory in one atomic rename (Linux renameat2 RENAME_EXCHANGE); a
+training run's own state (checkpoints, best model, training log, tracker logs) then moves into the new directory,
+and the old contents, leftovers of earlier runs included, are deleted. A crash at any point leaves either the old
+or the new contents, never a mix; checkpoints left in the sibling by a crash between the swap and the move are
+moved back by the next run. Where the swap is impossible (a mount point, a file system without RENAME_EXCHANGE)
+the directory is replaced entry by entry, the entry that makes it loadable (config.json for a model, index.json for
+an index) removed first and moved in last, so that it is never a loadable mix of old and new. An evaluation
+creates nothing before it publishes: interrupted, it leaves nothing behind.
 """
 
 import ctypes
@@ -53,45 +56,60 @@ def script_name() -> str:
     return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
 
 
+def _holds_checkpoints(directory: str) -> bool:
+    ckpt_dir = os.path.join(directory, CHECKPOINTS)
+    return os.path.isdir(ckpt_dir) and any(  # a checkpoint copied in, or written before markers existed
+        os.path.isfile(os.path.join(ckpt_dir, n, "loop_state.json")) for n in os.listdir(ckpt_dir))
+
+
 def _refusal(args, mode: str) -> str | None:
-    """Why `args.output_dir` must not be used as it is (None: it may)."""
+    """Why `args.output_dir` must not be used as it is (None: it may). `mode`: "train" or "evaluate"."""
     out = args.output_dir
+    if os.path.lexists(out) and not os.path.isdir(out):
+        return f"{out}: is a file, not a directory: give a new or empty --output_dir"
     if not os.path.isdir(out) or not os.listdir(out) or args.overwrite_output_dir:
         return None
-    marker = read_marker(out)
-    ckpt_dir = os.path.join(out, CHECKPOINTS)
-    checkpoints = os.path.isdir(ckpt_dir) and any(  # a checkpoint copied in, or written before markers existed
-        os.path.isfile(os.path.join(ckpt_dir, n, "loop_state.json")) for n in os.listdir(ckpt_dir))
+    marker, checkpoints = read_marker(out), _holds_checkpoints(out)
     if marker is None and not checkpoints:
         return (f"{out} is not empty and was not written by a run of this project: give a new or empty "
                 "--output_dir, or --overwrite_output_dir to replace its contents")
     marker = marker or {}
-    if mode == "train" and args.resume_from_checkpoint is None and checkpoints:
+    by = marker.get("script", "an earlier run")
+    if marker.get("state") == "published" and (mode != "train" or args.resume_from_checkpoint is None):
+        return (f"{out} holds a trained model (published by {by}): give another --output_dir, or "
+                "--overwrite_output_dir to replace it")
+    if mode == "train" and checkpoints and args.resume_from_checkpoint is None:
         return (f"{out} holds checkpoints of an earlier run; pass --resume_from_checkpoint latest to continue it, "
                 "or --overwrite_output_dir to start over")
-    if marker.get("state") == "published" and (mode != "train" or args.resume_from_checkpoint is None):
-        return (f"{out} holds a trained model (published by {marker.get('script', 'an earlier run')}): give another "
-                "--output_dir, or --overwrite_output_dir to replace it")
+    if mode == "evaluate" and checkpoints:
+        return (f"{out} holds checkpoints of a training run: give another --output_dir, or --overwrite_output_dir "
+                "to replace them")
+    if marker.get("state") in ("evaluated", "evaluation") or (mode == "evaluate" and set(os.listdir(out)) != {MARKER}):
+        return (f"{out} holds the outputs of an earlier run (by {by}): give another --output_dir, or "
+                "--overwrite_output_dir to replace them")
     return None
 
 
 def prepare_output_dir(accelerator, args, mode: str) -> None:
-    """Refuse an output directory the run would destroy, then create and mark it. `mode`: "train" or "evaluate".
-    With --overwrite_output_dir a training run deletes the earlier run's checkpoints and best model at once;
-    everything else in the directory is replaced when the new model is published."""
+    """Refuse an output directory the run would destroy. `mode` "train": then create and mark it (checkpoints go
+    there); with --overwrite_output_dir the earlier run's checkpoints and best model are deleted at once,
+    everything else when the new model is published. `mode` "evaluate": nothing is created; the results are
+    published with `publish_dir(..., state="evaluated")`."""
     failure = None
     if accelerator.is_main_process:
         try:
             recover_interrupted_publish(args.output_dir)
             failure = _refusal(args, mode)
-            if failure is None:
+            if failure is None and mode == "train":
                 os.makedirs(args.output_dir, exist_ok=True)
-                if mode == "train" and args.overwrite_output_dir:
+                if args.overwrite_output_dir:
                     for name in (CHECKPOINTS, BEST_MODEL):
                         shutil.rmtree(os.path.join(args.output_dir, name), ignore_errors=True)
                 marker = read_marker(args.output_dir)
-                if marker is None or (marker.get("state") != "published" and mode == "train"):
-                    write_marker(args.output_dir, script_name(), "training" if mode == "train" else "evaluation")
+                if marker is None or marker.get("state") != "published":
+                    write_marker(args.output_dir, script_name(), "training")
+            elif failure is None:
+                failure = _not_creatable(args.output_dir)
         except OSError as err:  # under a regular file, no permission, read-only file system, ...
             failure = f"{args.output_dir}: cannot create the output directory ({err.strerror or err})"
     if accelerator.num_processes > 1:  # every process stops, not only the one that tried
@@ -101,15 +119,30 @@ def prepare_output_dir(accelerator, args, mode: str) -> None:
     accelerator.wait_for_everyone()
 
 
+def _not_creatable(target: str) -> str | None:
+    """Why `target` could not be created or written (None: it can), checked without creating anything."""
+    path = os.path.abspath(target)
+    while not os.path.exists(path):  # the nearest existing ancestor must be a directory we may write
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        return f"{target}: cannot create the output directory ({path} is a file)"
+    if not os.access(path, os.W_OK):
+        return f"{target}: cannot create the output directory (no permission to write {path})"
+    return None
+
+
 def _sibling(target: str) -> str:
     target = os.path.abspath(target)
     return os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.publishing")
 
 
 def _staging(target: str) -> tuple[str, bool]:
-    """(where to write the new contents, whether it can be swapped with `target` in one rename): a hidden sibling
-    on the same file system, else (a mount point, a parent we cannot write) a hidden directory inside `target`."""
+    """(where to write the new contents, whether it can be swapped with (or renamed to) `target` in one rename): a
+    hidden sibling on the same file system, else (a mount point, a parent we cannot write) a hidden directory inside
+    `target`."""
     parent, sibling = os.path.dirname(os.path.abspath(target)), _sibling(target)
+    if not os.path.lexists(target):
+        return sibling, True
     try:
         same_fs = os.stat(parent).st_dev == os.stat(target).st_dev
     except OSError:
@@ -145,59 +178,86 @@ def _remove(path: str) -> None:
 
 
 def recover_interrupted_publish(target: str) -> None:
-    """Clean up after a publish that was killed. Its staging directory is deleted: it holds either a new model
+    """Clean up after a publish that was killed. Its staging directory is deleted: it holds either new contents
     never swapped in or, after the swap, the old contents, with whatever of the run's state (checkpoints...) had
     not yet moved back, which is moved back first."""
-    if not os.path.isdir(target):
-        return
-    shutil.rmtree(os.path.join(target, ".publishing"), ignore_errors=True)
+    if os.path.isdir(target):
+        shutil.rmtree(os.path.join(target, ".publishing"), ignore_errors=True)
     sibling = _sibling(target)
     if os.path.isdir(sibling):
-        for name in _run_state_names(sibling):
-            if os.path.lexists(os.path.join(sibling, name)) and not os.path.lexists(os.path.join(target, name)):
-                os.replace(os.path.join(sibling, name), os.path.join(target, name))
+        if os.path.isdir(target):
+            for name in _run_state_names(sibling):
+                if os.path.lexists(os.path.join(sibling, name)) and not os.path.lexists(os.path.join(target, name)):
+                    os.replace(os.path.join(sibling, name), os.path.join(target, name))
         shutil.rmtree(sibling)
 
 
 def _run_state_names(directory: str) -> set[str]:
-    """What a run keeps across publishing: checkpoints, the best model, the training log and tracker logs."""
+    """What a training run keeps across publishing: checkpoints, the best model, the training log and tracker
+    logs."""
     names = {CHECKPOINTS, BEST_MODEL, TRAIN_LOG}
-    return names | {n for n in os.listdir(directory) if n.startswith("qa-amp")}
+    return names | {n for n in os.listdir(directory) if n.startswith("qa-amp")} if os.path.isdir(directory) else names
 
 
 @contextmanager
-def publish_dir(accelerator, target: str, script: str | None = None):
-    """Write the model and outputs into the yielded directory; on success it replaces `target` as a whole (see the
-    module docstring), keeping the run's checkpoints, best model and logs. On error nothing is replaced."""
+def staged_directory(target: str, keep: set[str] = frozenset(), loadable: str = "config.json"):
+    """Write new contents into the yielded (empty, hidden) directory; on success they replace `target` as a whole
+    (see the module docstring; `target` is created if it does not exist), keeping the entries of `target` named in
+    `keep`. `loadable`: the entry that makes the directory usable, swapped last where entries are replaced one by
+    one. On error, or Ctrl-C, the staging directory is removed and `target` is untouched."""
     staging, swappable = _staging(target)
-    if accelerator.is_main_process:
-        shutil.rmtree(staging, ignore_errors=True)
-        os.makedirs(staging)
+    recover_interrupted_publish(target)
+    if not swappable:
+        _remove(staging)
+    os.makedirs(staging)
     try:
         yield staging
     except BaseException:
-        if accelerator.is_main_process:
-            shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
         raise
-    if accelerator.is_main_process:
-        write_marker(staging, script or script_name(), "published")
-        keep = _run_state_names(target)
-        if swappable and _exchange(staging, target):
-            for name in keep:  # the swap put them in `staging`, with the old contents
-                if os.path.lexists(os.path.join(staging, name)):
-                    os.replace(os.path.join(staging, name), os.path.join(target, name))
-            shutil.rmtree(staging)
-        else:
-            _replace_entries(staging, target, keep)
+    swap_in(staging, target, swappable, keep, loadable)
+
+
+def swap_in(staging: str, target: str, swappable: bool, keep: set[str], loadable: str) -> None:
+    """Replace `target` by `staging` (see `staged_directory`)."""
+    if swappable and not os.path.lexists(target):
+        os.rename(staging, target)
+        return
+    if swappable and _exchange(staging, target):
+        for name in keep:  # the swap put them in `staging`, with the old contents
+            if os.path.lexists(os.path.join(staging, name)):
+                os.replace(os.path.join(staging, name), os.path.join(target, name))
+        shutil.rmtree(staging)
+    else:
+        _replace_entries(staging, target, keep, loadable)
+
+
+@contextmanager
+def publish_dir(accelerator, target: str, script: str | None = None, state: str = "published"):
+    """Write the outputs into the yielded directory (the main process writes; every process gets its path); on
+    success they replace `target` as a whole (`staged_directory`), marked `state` ("published": a trained model,
+    which keeps the run's checkpoints, best model and logs; "evaluated": an evaluation's results, which keep
+    nothing of what was there). On error nothing is replaced."""
+    keep = _run_state_names(target) if state == "published" else set()
+    if not accelerator.is_main_process:
+        staging = broadcast_object_list([None])[0] if accelerator.num_processes > 1 else None
+        yield staging
+        accelerator.wait_for_everyone()
+        return
+    with staged_directory(target, keep) as staging:
+        if accelerator.num_processes > 1:
+            broadcast_object_list([staging])
+        yield staging
+        write_marker(staging, script or script_name(), state)
     accelerator.wait_for_everyone()
 
 
-def _replace_entries(staging: str, target: str, keep: set[str]) -> None:
-    """Replace `target`'s contents entry by entry: config.json (what makes a directory a loadable model) goes first,
-    then every other old entry, then the new entries with config.json last."""
+def _replace_entries(staging: str, target: str, keep: set[str], loadable: str = "config.json") -> None:
+    """Replace `target`'s contents entry by entry: `loadable` (what makes a directory usable: a model's config.json)
+    goes first, then every other old entry, then the new entries with `loadable` last."""
     old = [n for n in os.listdir(target) if n not in keep and os.path.join(target, n) != staging]
-    for name in sorted(old, key=lambda n: n != "config.json"):
+    for name in sorted(old, key=lambda n: n != loadable):
         _remove(os.path.join(target, name))
-    for name in sorted(os.listdir(staging), key=lambda n: (n == MARKER, n == "config.json")):
+    for name in sorted(os.listdir(staging), key=lambda n: (n == MARKER, n == loadable)):
         os.replace(os.path.join(staging, name), os.path.join(target, name))
     os.rmdir(staging)
