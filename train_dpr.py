@@ -37,7 +37,7 @@ from accelerate.utils import DistributedType
 from torch.utils.data import DataLoader
 
 from utils.loop.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_model_dir,
-                             packaged_minilm, parse_args)
+                             packaged_minilm, parse_args, precision_as_trained)
 from utils.loop.batching import LengthGroupedBatchSampler
 from utils.loop.errors import UserError, exit_on_user_error
 from utils.loop.optim import build_optimizer
@@ -129,6 +129,8 @@ class DPRArgs(TrainArgs):
         for name in ("pooling", "similarity", "temperature", "shared_encoder", "embed_title", "window_sentences",
                      "max_query_length", "max_passage_length"):
             setattr(self, name, getattr(recorded, name))
+        if self.requested_precision is None:  # embed as the run did
+            self.mixed_precision = precision_as_trained(recorded.precision)
         self.query_model_name_or_path = os.path.join(self.model_name_or_path, QUERY_ENCODER)
         # one encoder serves both sides when shared (the run saved it under both names)
         self.passage_model_name_or_path = os.path.join(

@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
 from utils.loop.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_max_length, check_model_dir,
-                             packaged_minilm, parse_args)
+                             packaged_minilm, parse_args, precision_as_trained)
 from utils.loop.batching import LengthGroupedBatchSampler, pad_batch
 from utils.loop.errors import UserError, exit_on_user_error
 from utils.loop.optim import build_optimizer
@@ -145,6 +145,8 @@ class ReaderArgs(TrainArgs):
             if os.path.abspath(self.output_dir) == os.path.abspath(self.model_name_or_path):
                 raise UserError("--output_dir is the model directory: give another one, the model's own "
                                 "predictions.json and eval_results.json would be overwritten")
+            if self.requested_precision is None:  # use the model as trained
+                self.mixed_precision = precision_as_trained(recorded.precision)
         elif self.predict_file:
             raise UserError("--predict_file needs --do_train false (predict with a trained reader)")
         elif self.train_file is None and self.dataset_name is None:

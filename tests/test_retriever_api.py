@@ -4,6 +4,7 @@ search, and a directory that is not what it should be is a one-line error."""
 
 import json
 import os
+import re
 import shutil
 import warnings
 
@@ -12,6 +13,7 @@ import pytest
 
 from conftest import SAMPLE, assert_user_error, run_script
 from utils.loop.errors import UserError
+from utils.retriever.bm25 import BM25
 from utils.retriever.data import load_dpr, load_passages
 from utils.retriever.index import Index, Retriever
 
@@ -41,10 +43,33 @@ def test_the_eval_only_mode_reproduces_the_training_runs_rankings(trained, tmp_p
     assert rankings(out) == rankings(trained)
     run, now = (json.load(open(os.path.join(d, "eval_results.json")))["metrics"] for d in (trained, out))
     for name in ("top1", "top20", "mrr@10", "mean_rank", "in_batch_avg_rank", "bm25_top1", "rrf_mrr@10",
-                 "hybrid_tuned_top1", "hybrid_tuned_dense_weight"):
-        assert now[name] == run[name], name
+                 "hybrid_top1", "hybrid_mrr@10", "hybrid_tuned_top1", "hybrid_tuned_dense_weight"):
+        assert now[name] == run[name], name  # hybrid_*: cross-fitted in both modes, one meaning
     weight = json.load(open(os.path.join(trained, "retriever_settings.json")))["hybrid_dense_weight"]
-    assert now["hybrid_dense_weight"] == weight == run["hybrid_tuned_dense_weight"]
+    assert now["hybrid_recorded_dense_weight"] == weight == run["hybrid_tuned_dense_weight"]
+    assert now["hybrid_recorded_mrr@10"] == run["hybrid_tuned_mrr@10"]  # on the data the weight was tuned on
+    assert "hybrid_recorded_top1" not in run and "hybrid_dense_weight" not in run
+
+
+def test_the_eval_only_mode_embeds_as_trained_and_counts_a_repeated_gold_passage_once(trained, tmp_path):
+    bf16 = tmp_path / "bf16"  # a retriever whose run evaluated in bf16
+    shutil.copytree(trained, bf16)
+    settings = json.load(open(bf16 / "retriever_settings.json"))
+    json.dump({**settings, "precision": "bf16"}, open(bf16 / "retriever_settings.json", "w"))
+    dev = json.load(open(f"{SAMPLE}/dpr_dev.json"))
+    for q in dev:
+        q["positive_ctxs"] = q["positive_ctxs"] * 2  # the same positive listed twice
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps(dev))
+    out = tmp_path / "eval"
+    proc = run_script("train_dpr.py", "--do_train", "false", "--model_name_or_path", bf16, "--validation_file", twice,
+                      "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--output_dir", out, *FLAGS)
+    assert "encoders at precision bf16 (as trained)" in proc.stdout
+    results = json.load(open(out / "eval_results.json"))
+    assert results["precision"] == "bf16"
+    run = json.load(open(os.path.join(trained, "eval_results.json")))["metrics"]
+    for name in ("bm25_top1", "bm25_mrr@10", "bm25_mean_rank"):  # BM25 does not depend on the precision
+        assert results["metrics"][name] == run[name], name
 
 
 def test_the_eval_only_mode_takes_a_retriever_with_one_shared_encoder(tiny_bert_dir, tmp_path):
@@ -138,3 +163,106 @@ def test_a_malformed_or_mismatched_index_or_retriever_is_a_one_line_error(traine
     proc = run_script("train_dpr.py", "--do_train", "false", "--model_name_or_path", no_settings, "--validation_file",
                       f"{SAMPLE}/dpr_dev.json", "--output_dir", tmp_path / "e", check=False)
     assert_user_error(proc, "not a retriever written by train_dpr.py (no retriever_settings.json)")
+
+
+def test_saving_an_index_destroys_nothing_that_is_not_an_index_and_replaces_an_index_whole(trained, tmp_path):
+    index = Retriever(trained, device="cpu").index(f"{SAMPLE}/dpr_passages.jsonl", progress=False)
+    reader_copy = tmp_path / "reader"  # a user's directory: a model, say
+    reader_copy.mkdir()
+    (reader_copy / "config.json").write_text("{}")
+    (reader_copy / "model.safetensors").write_text("weights")
+    with pytest.raises(UserError, match="not empty and not an index"):
+        index.save(str(reader_copy))
+    assert sorted(os.listdir(reader_copy)) == ["config.json", "model.safetensors"]
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    with pytest.raises(UserError, match="is a file, not a directory"):
+        index.save(str(a_file))
+    assert a_file.read_text() == "mine"
+
+    target = tmp_path / "index"
+    index.save(str(target))
+    with pytest.raises(UserError, match="holds an index already: pass overwrite=True"):
+        index.save(str(target))
+    smaller = Retriever(trained, device="cpu").index(load_passages(f"{SAMPLE}/dpr_passages.jsonl")[:5], bm25=False,
+                                                      progress=False)
+    # a save that fails half-way (a passage that is not JSON) leaves the old index, whole, and no staging
+    smaller.passages[-1] = {**smaller.passages[-1], "title": object()}
+    with pytest.raises(TypeError):
+        smaller.save(str(target), overwrite=True)
+    assert Index.load(str(target)).vectors.count == 33
+    smaller.passages[-1]["title"] = "t"
+    smaller.save(str(target), overwrite=True)
+    assert sorted(os.listdir(target)) == ["embeddings.npy", "index.json", "owner.npy", "passages.jsonl"]  # no bm25/
+    assert Index.load(str(target)).vectors.count == 5
+    assert sorted(os.listdir(tmp_path)) == ["index", "notes.txt", "reader"]  # no staging directory left behind
+
+
+def test_an_index_built_by_another_retriever_or_a_retrained_one_is_refused(trained, tiny_bert_dir, tmp_path):
+    other = str(tmp_path / "other")  # the same settings, other weights
+    run_script("train_dpr.py", "--query_model_name_or_path", tiny_bert_dir, "--passage_model_name_or_path",
+               tiny_bert_dir, "--output_dir", other, "--max_train_steps", 2, "--learning_rate", 5e-4,
+               "--window_sentences", 1, "--eval_before_training", "false", *FLAGS)
+    mine = tmp_path / "mine"
+    shutil.copytree(trained, mine)
+    Retriever(str(mine), device="cpu").index(f"{SAMPLE}/dpr_passages.jsonl", bm25=False, progress=False).save(
+        str(tmp_path / "index"))
+    with pytest.raises(UserError, match="made by another passage encoder than"):
+        Index.load(str(tmp_path / "index"), retriever=Retriever(other, device="cpu"))
+    assert len(Index.load(str(tmp_path / "index")).search("Who built the loom?", k=2)) == 2
+    for name in ("query_encoder", "passage_encoder"):  # as if retrained into the same directory
+        shutil.rmtree(mine / name)
+        shutil.copytree(os.path.join(other, name), mine / name)
+    loaded = Index.load(str(tmp_path / "index"))  # names the retriever; checked when it is first needed
+    with pytest.raises(UserError, match="a retriever retrained since"):
+        loaded.search("Who built the loom?", k=2)
+    reader = str(tmp_path / "nowhere")
+    proc = run_script("qa_system.py", "--retriever", other, "--reader", reader, "--index", tmp_path / "index",
+                      "--questions", f"{SAMPLE}/dev.json", "--output_dir", tmp_path / "qa", check=False)
+    assert_user_error(proc, "no such directory")  # the reader is checked first, before anything is loaded
+
+
+def test_the_api_takes_one_question_as_a_string_and_refuses_bad_k_and_bad_corpora(trained, tmp_path):
+    retriever = Retriever(trained, device="cpu")
+    index = retriever.index(f"{SAMPLE}/dpr_passages.jsonl", bm25=False, progress=False)
+    question = "Who designed the Corran lighthouse?"
+    one = index.search(question, k=3)
+    assert isinstance(one, list) and len(one) == 3 and isinstance(one[0], dict)
+    assert one == index.search([question], k=3)[0] and index.search([], k=3) == []
+    assert len(index.search(question, k=1000)) == 33
+    for k in (0, -1):
+        with pytest.raises(UserError, match="k must be a whole number of at least 1"):
+            index.search(question, k=k)
+    cases = [([], "expected a non-empty list"), ([{"title": "t", "text": "a text"}], "passage #0: missing 'passage_id'"),
+             ([{"text": "a", "passage_id": "p"}, {"text": "b", "passage_id": "p"}],
+              "passage #1: duplicate passage_id 'p' (first at passage #0)"),
+             ([{"text": "a", "passage_id": ""}], "passage #0: empty 'passage_id' ''"),
+             ([{"text": 3, "passage_id": "p"}], "a 'text' that is a non-empty string")]
+    for passages, message in cases:
+        with pytest.raises(UserError, match=re.escape(message)):
+            retriever.index(passages, progress=False)
+    with pytest.raises(UserError, match="BM25 needs at least one passage"):
+        BM25([])
+    index.save(str(tmp_path / "index"))
+    os.remove(tmp_path / "index" / "embeddings.npy")
+    with pytest.raises(UserError, match="embeddings.npy is missing"):
+        Index.load(str(tmp_path / "index"))
+
+
+def test_one_corpus_loader_refuses_duplicate_and_empty_ids_for_every_consumer(trained, tmp_path):
+    rows = [json.loads(line) for line in open(f"{SAMPLE}/dpr_passages.jsonl")]
+    duplicate = tmp_path / "duplicate.jsonl"
+    duplicate.write_text("".join(json.dumps(r) + "\n" for r in rows[:5] + [{**rows[7], "passage_id": rows[2]["passage_id"]}]))
+    message = f"duplicate.jsonl: line 6: duplicate passage_id {rows[2]['passage_id']!r} (first at line 3)"
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_passages(str(duplicate))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps(rows[0]) + "\n\n" + json.dumps({**rows[1], "passage_id": " "}) + "\n")
+    with pytest.raises(UserError, match=re.escape("empty.jsonl: line 3: empty 'passage_id' ' '")):
+        load_passages(str(empty))
+    proc = run_script("train_dpr.py", "--do_train", "false", "--model_name_or_path", trained, "--validation_file",
+                      f"{SAMPLE}/dpr_dev.json", "--passages", duplicate, "--output_dir", tmp_path / "e", check=False)
+    assert_user_error(proc, message)
+    proc = run_script("train_reader.py", "--model_name_or_path", trained + "/query_encoder", "--negative_passages", 1,
+                      "--passages", duplicate, "--max_train_steps", 1, "--output_dir", tmp_path / "r", check=False)
+    assert_user_error(proc, message)

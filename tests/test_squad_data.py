@@ -106,3 +106,29 @@ def test_dev_split_is_by_article_without_leakage():
     assert not {e["title"] for e in train} & {e["title"] for e in dev}
     assert not {e["context"] for e in train} & {e["context"] for e in dev}
     assert split_by_article(examples, 0.3, seed=1) == (train, dev)
+
+
+def test_one_questions_loader_for_every_layout_with_one_rule_for_ids_answers_and_contexts(tmp_path):
+    from utils.reader.squad_data import load_questions
+
+    labelled = squad([{"id": "q1", "question": "Who built a loom?", "answers": [{"text": "Ada", "answer_start": 0}]},
+                      {"id": "q2", "question": "Why?", "is_impossible": True, "answers": []}])
+    unlabelled = squad([{"id": "q1", "question": "Who built a loom?"}, {"id": "q2", "question": "Why?"}])
+    rows = [{"id": "r1", "question": "Who built a loom?", "context": "Ada built a loom in 1823."},
+            {"id": "r2", "question": "When?"}]
+    got = load_questions(write(tmp_path, labelled), need_context=False)
+    assert [q["answers"]["text"] for q in got] == [["Ada"], []]
+    assert [q["answers"] for q in load_questions(write(tmp_path, unlabelled, "u.json"))] == [None, None]
+    got = load_questions(write(tmp_path, "".join(json.dumps(r) + "\n" for r in rows), "r.jsonl"), need_context=False)
+    assert [(q["id"], q["context"], q["answers"]) for q in got] == [("r1", rows[0]["context"], None), ("r2", None, None)]
+    cases = [(squad([{"question": "Who?"}]), "data.json: article 'T' paragraph 0 question 0: missing key 'id'"),
+             ("".join(json.dumps(r) + "\n" for r in [rows[0], {"question": "Who?"}]), "data.json: line 2: missing key 'id'"),
+             ("".join(json.dumps(r) + "\n" for r in rows), "data.json: example r2: missing key 'context'"),
+             (squad([labelled["data"][0]["paragraphs"][0]["qas"][0], {"id": "q3", "question": "What?"}]),
+              "example q3: some questions carry answers and some do not")]
+    for content, message in cases:
+        with pytest.raises(UserError) as err:
+            load_questions(write(tmp_path, content), need_context=True)
+        assert message in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(UserError, match="article 'T' paragraph 0 question 0: missing key 'id'"):
+        load_squad(write(tmp_path, squad([{"question": "Who?", "answers": []}])))  # training data: the same rule

@@ -57,6 +57,16 @@ def check_model_dir(path: str, flag: str) -> None:
         raise UserError(f"--{flag} {path}: not a model directory (no config.json)")
 
 
+def precision_as_trained(recorded: str | None) -> str:
+    """The precision to use a trained model at when none is asked for: the one it was trained at (recorded with
+    it), so that it answers and ranks as its run measured it; fp16 only where a GPU runs it (a CPU runs fp32)."""
+    import torch
+
+    if recorded == "fp16" and not torch.cuda.is_available():
+        return "no"
+    return recorded or "no"
+
+
 def check_at_least_one(args, *names: str) -> None:
     """Count flags must be at least 1 where given (None: not given)."""
     for name in names:
@@ -68,12 +78,14 @@ def check_at_least_one(args, *names: str) -> None:
 @dataclass
 class TrainArgs:
     overwrite_output_dir: bool = arg(
-        False, "Use output_dir even if it holds a trained model, checkpoints of an earlier run or files of no run of "
-        "this project: the checkpoints are deleted at the start, everything else when the new model is published."
+        False, "Use output_dir even if it holds a trained model, checkpoints or outputs of an earlier run, or files of "
+        "no run of this project: training deletes the checkpoints at the start and everything else when the new model "
+        "is published; --do_train false replaces everything when it writes its results."
     )
     # --- precision -------------------------------------------------------------------------------
     mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = arg(
-        None, "Autocast precision. Default: what `accelerate config` / `accelerate launch` set, else 'no'."
+        None, "Autocast precision. Default: training, what `accelerate config` / `accelerate launch` set, else 'no'; "
+        "--do_train false, the precision the model was trained at (as trained)."
     )
     use_amp: bool = arg(False, "Shorthand for --mixed_precision fp16 (the FARM/Haystack flag).")
     # --- optimisation ----------------------------------------------------------------------------

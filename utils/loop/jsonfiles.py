@@ -12,10 +12,11 @@ import numpy as np
 from utils.loop.errors import UserError
 
 
-def read_json(path: str):
+def read_json(path: str, line_numbers: bool = False):
     """A JSON file, or a list of JSON lines: a *.jsonl file, or a .json file that holds one JSON value per line
     (what datasets' Dataset.to_json writes). A missing, unreadable or malformed file is a UserError that names the
-    file and, for JSON lines, the line."""
+    file and, for JSON lines, the line. With `line_numbers`: (value, the file line of each row of a JSON-lines file,
+    None for a JSON document), so that later checks can name the line too."""
     if os.path.isdir(path):
         raise UserError(f"{path}: is a directory, not a file")
     if not os.path.isfile(path):
@@ -29,18 +30,19 @@ def read_json(path: str):
         raise UserError(f"{path}: cannot read it ({err.strerror or err})") from None
     if not path.endswith(".jsonl"):
         try:
-            return json.loads(text)
+            return (json.loads(text), None) if line_numbers else json.loads(text)
         except json.JSONDecodeError as err:
             if err.msg != "Extra data":  # "Extra data": more than one value, i.e. JSON lines in a .json file
                 raise UserError(f"{path}: not valid JSON ({err})") from None
-    rows = []
+    rows, numbers = [], []
     for number, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
                 raise UserError(f"{path}: line {number}: not valid JSON ({err.msg}, column {err.colno})") from None
-    return rows
+            numbers.append(number)
+    return (rows, numbers) if line_numbers else rows
 
 
 def json_safe(obj):

@@ -63,11 +63,13 @@ def apply_null_threshold(decoded: dict, threshold: float | None) -> dict:
     return {i: ("" if d["null_minus_best"] > threshold else d["text"]) for i, d in decoded.items()}
 
 
-def span_logits(model, loader, gather=None) -> tuple[list, list]:
+def span_logits(model, loader, gather=None, progress: str | None = None) -> tuple[list, list]:
     """fp32 start and end logits of every window (numpy rows in loader order), whatever precision the forward ran
-    in. `gather` collects them across processes (evaluation under DDP)."""
+    in. `gather` collects them across processes (evaluation under DDP); `progress` names a progress bar."""
+    from tqdm.auto import tqdm
+
     starts, ends = [], []
-    for batch in loader:
+    for batch in tqdm(loader, desc=progress, unit="batch", disable=progress is None, dynamic_ncols=True):
         out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
         for logits, sink in ((out.start_logits, starts), (out.end_logits, ends)):
             logits = logits.float()

@@ -9,9 +9,10 @@ import torch
 
 from utils.loop.fit import evaluate_without_grad
 from utils.loop.jsonfiles import write_json
+from utils.loop.output_dir import publish_dir
 from utils.loop.process import finish
 from utils.reader.decoding import apply_null_threshold
-from utils.reader.squad_data import is_impossible, load_squad
+from utils.reader.squad_data import is_impossible, load_questions, load_squad
 from utils.reader.task import ReaderTask, prepare_eval_set
 from utils.reader.trained import ReaderSettings, fingerprint, load_qa_model
 
@@ -35,6 +36,12 @@ def evaluate_or_predict(accelerator, args, tokenizer, collate):
     settings = ReaderSettings.load(args.model_name_or_path)
     model = accelerator.prepare(load_qa_model(args.model_name_or_path))
     model.eval()
+    with publish_dir(accelerator, args.output_dir, state="evaluated") as out:  # all or nothing, nothing stale
+        _evaluate_or_predict(accelerator, args, tokenizer, collate, settings, model, out)
+    finish(accelerator)
+
+
+def _evaluate_or_predict(accelerator, args, tokenizer, collate, settings, model, out):
     if args.validation_file:
         examples, _ = load_squad(args.validation_file)
         examples = examples[: args.max_eval_samples] if args.max_eval_samples else examples
@@ -60,12 +67,12 @@ def evaluate_or_predict(accelerator, args, tokenizer, collate):
                      f"  EM {m['exact']:.2f} F1 {m['f1']:.2f} (predictions.json; {label})"]
             note = label
         accelerator.print("\n".join(lines))
-        task.write_outputs(args.output_dir, result)
-        write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"),
+        task.write_outputs(out, result)
+        write_json(accelerator, os.path.join(out, "eval_results.json"),
                    {"model": args.model_name_or_path, "file": args.validation_file, "metrics": m,
                     "predictions_null_threshold": m.get("recorded_null_threshold"), "note": note})
     if args.predict_file:
-        examples, _ = load_squad(args.predict_file, labelled=False)
+        examples = load_questions(args.predict_file, need_context=True)
         threshold = settings.null_threshold if settings else 0.0
         start = time.perf_counter()
         eval_set = prepare_eval_set(accelerator, args, tokenizer, examples, collate)
@@ -74,16 +81,15 @@ def evaluate_or_predict(accelerator, args, tokenizer, collate):
             decoded = task.spans(model, eval_set)
         seconds = time.perf_counter() - start
         predictions = apply_null_threshold(decoded, threshold)
-        write_json(accelerator, os.path.join(args.output_dir, "predictions.json"), predictions)
-        write_json(accelerator, os.path.join(args.output_dir, "nbest.json"), {
+        write_json(accelerator, os.path.join(out, "predictions.json"), predictions)
+        write_json(accelerator, os.path.join(out, "nbest.json"), {
             i: {"answer": predictions[i], "null_score": d["null_score"], "null_minus_best": d["null_minus_best"],
                 "nbest": d["nbest"]} for i, d in decoded.items()})
         speed = {"questions": len(examples), "windows": len(eval_set.features), "seconds": round(seconds, 2),
                  "questions_per_second": round(len(examples) / seconds, 2), "null_threshold": threshold,
                  "precision": accelerator.mixed_precision, "processes": accelerator.num_processes}
-        write_json(accelerator, os.path.join(args.output_dir, "predict_results.json"), speed)
+        write_json(accelerator, os.path.join(out, "predict_results.json"), speed)
         accelerator.print(f"{args.predict_file}: answered {len(examples)} questions ({len(eval_set.features)} windows) in "
                           f"{seconds:.1f} s, {speed['questions_per_second']} questions/s, "
                           f"{recorded_threshold_label(settings, [])}; predictions.json and nbest.json in "
                           f"{args.output_dir}")
-    finish(accelerator)

@@ -4,10 +4,13 @@ Accepted inputs (auto-detected):
   * SQuAD v1.1 / v2.0 JSON: {"data": [{"title", "paragraphs": [{"context", "qas": [...]}]}]}
   * the flattened Hugging Face `squad` layout, as a JSON list, {"data": [rows]} or JSON lines:
     {"id", "title", "context", "question", "answers": {"text": [...], "answer_start": [...]}}
-Every example comes out as the flattened layout; an unanswerable (SQuAD v2) question has no answers.
+Every example comes out as the flattened layout; an unanswerable (SQuAD v2) question has no answers. Training and
+evaluation data go through `load_squad`; questions to answer (train_reader.py --predict_file, qa_system.py
+--questions and --validation_file) through `load_questions`, the same parser with answers and contexts optional.
 
-Validation is strict and names the file and the example id: malformed JSON, a missing key, an
-empty dataset, duplicate ids, or an answer whose text is nowhere in its context is a UserError.
+Validation is strict and names the file and the example id: malformed JSON, a missing key (a question's id
+included: predictions are keyed by it), an empty dataset, duplicate ids, or an answer whose text is nowhere in its
+context is a UserError.
 An answer whose `answer_start` is off but whose text occurs in the context is moved to the
 nearest occurrence and counted (real data has these; see ../shared/data/README.md).
 """
@@ -23,9 +26,34 @@ logger = logging.getLogger("qa-amp")
 
 
 def load_squad(path: str, labelled: bool = True) -> tuple[list[dict], int]:
-    """Return (examples, number of repaired answer offsets) from a SQuAD-format file. With labelled=False
-    (questions to answer) answers are optional, so plain {"id", "question", "context"} rows are accepted."""
-    raw = read_json(path)
+    """Return (examples, number of repaired answer offsets) from a SQuAD-format file of training or evaluation data:
+    every question has answers (SQuAD v2: none for an unanswerable one) and a context. With labelled=False answers
+    are optional (a question without them gets none)."""
+    flat, repaired = _load(path, labelled=labelled, need_context=True)
+    for ex in flat:
+        if ex["answers"] is None:
+            ex["answers"] = {"text": [], "answer_start": []}
+    return flat, repaired
+
+
+def load_questions(path: str, need_context: bool = True) -> list[dict]:
+    """Questions to answer, in any layout `load_squad` reads and as JSON lines of {"id", "question"} (plus
+    "context" and "answers" where known). One rule for every layout: each question needs an id; the file is
+    labelled when every question carries answers (SQuAD v2 unanswerable ones: `answers: []` or `is_impossible`),
+    unlabelled when none does (then "answers" is None), and a file where only some do is refused; "context" (the
+    question's own paragraph) is required with `need_context` (a reader answers from it), else None where absent."""
+    flat, _ = _load(path, labelled=None, need_context=need_context)
+    labelled = [ex["answers"] is not None for ex in flat]
+    if any(labelled) and not all(labelled):
+        first = flat[labelled.index(not labelled[0])]["id"]
+        raise UserError(f"{path}: example {first}: some questions carry answers and some do not: label every "
+                        "question or none")
+    return flat
+
+
+def _load(path: str, labelled: bool | None, need_context: bool) -> tuple[list[dict], int]:
+    """`labelled`: True: answers required; False: ignored where absent; None: kept as None where absent."""
+    raw, lines = read_json(path, line_numbers=True)
     rows = raw["data"] if isinstance(raw, dict) and "data" in raw else raw
     if not isinstance(rows, list):
         raise UserError(f"{path}: expected a list of examples or {{'data': [...]}} at the top level")
@@ -33,7 +61,8 @@ def load_squad(path: str, labelled: bool = True) -> tuple[list[dict], int]:
         raise UserError(f"{path}: the dataset is empty")
     nested = isinstance(rows[0], dict) and "question" not in rows[0] and "context" not in rows[0]
     flat = (_flatten_nested(rows, path, labelled) if nested
-            else [_check_flat_row(r, i, path, labelled) for i, r in enumerate(rows)])
+            else [_check_flat_row(r, f"line {lines[i]}" if lines else f"#{i}", path, labelled, need_context)
+                  for i, r in enumerate(rows)])
     if not flat:
         raise UserError(f"{path}: the dataset has no questions")
 
@@ -66,13 +95,14 @@ def _flatten_nested(articles, path, labelled):
         for p, para in enumerate(_require(article, "paragraphs", list, path, f"article {a}")):
             context = _require(para, "context", str, path, f"article '{title}' paragraph {p}")
             for q, qa in enumerate(_require(para, "qas", list, path, f"article '{title}' paragraph {p}")):
-                qid = str(qa.get("id", f"{title}/{p}/{q}")) if isinstance(qa, dict) else f"{title}/{p}/{q}"
+                qid = str(_require(qa, "id", (str, int), path, f"article '{title}' paragraph {p} question {q}"))
                 where = f"example {qid}"
                 question = _require(qa, "question", str, path, where)
                 impossible = _optional(qa, "is_impossible", None, bool, path, where)
-                answers = (_optional(qa, "answers", [], list, path, where) if impossible or not labelled
-                           else _require(qa, "answers", list, path, where))
-                if labelled and impossible is not None and impossible == bool(answers):
+                carries = "answers" in qa or impossible is not None
+                answers = (_require(qa, "answers", list, path, where) if labelled and not impossible
+                           else _optional(qa, "answers", [], list, path, where))
+                if carries and impossible is not None and impossible == bool(answers):
                     raise UserError(f"{path}: {where}: " + (
                         f"'is_impossible' is true but it lists {len(answers)} answer(s); drop one or the other"
                         if impossible else "'is_impossible' is false but it lists no answers"))
@@ -81,24 +111,31 @@ def _flatten_nested(articles, path, labelled):
                     texts.append(_require(ans, "text", str, path, where))
                     starts.append(_require(ans, "answer_start", int, path, where))
                 flat.append({"id": qid, "title": str(title), "context": context, "question": question,
-                             "answers": {"text": texts, "answer_start": starts}})
+                             "answers": {"text": texts, "answer_start": starts}
+                             if carries or labelled is not None else None})
     return flat
 
 
-def _check_flat_row(row, i, path, labelled):
-    where = f"example {row.get('id', f'#{i}') if isinstance(row, dict) else f'#{i}'}"
+def _check_flat_row(row, place, path, labelled, need_context):
+    """`place`: where the row is ("line N" of JSON lines, "#i" of a list), named until its id is known."""
+    where = f"example {row['id']}" if isinstance(row, dict) and "id" in row else \
+        (place if place.startswith("line") else f"example {place}")
     qid = _require(row, "id", (str, int), path, where)
-    answers = (_require(row, "answers", dict, path, where) if labelled
-               else _optional(row, "answers", {"text": [], "answer_start": []}, dict, path, where))
-    texts = _require(answers, "text", list, path, where)
-    starts = _require(answers, "answer_start", list, path, where)
-    if len(texts) != len(starts) or not all(isinstance(t, str) for t in texts) \
-            or not all(isinstance(s, int) for s in starts):
-        raise UserError(f"{path}: {where}: 'answers' needs equally long lists of text strings and int answer_start")
-    return {"id": str(qid), "title": str(row.get("title", "")),
-            "context": _require(row, "context", str, path, where),
-            "question": _require(row, "question", str, path, where),
-            "answers": {"text": list(texts), "answer_start": list(starts)}}
+    out = {"id": str(qid), "title": str(row.get("title", "")),
+           "context": _require(row, "context", str, path, where) if need_context
+           else _optional(row, "context", None, str, path, where),
+           "question": _require(row, "question", str, path, where), "answers": None}
+    if labelled or "answers" in row:
+        answers = _require(row, "answers", dict, path, where)
+        texts = _require(answers, "text", list, path, where)
+        starts = _require(answers, "answer_start", list, path, where)
+        if len(texts) != len(starts) or not all(isinstance(t, str) for t in texts) \
+                or not all(isinstance(s, int) for s in starts):
+            raise UserError(f"{path}: {where}: 'answers' needs equally long lists of text strings and int answer_start")
+        out["answers"] = {"text": list(texts), "answer_start": list(starts)}
+    elif labelled is not None:
+        out["answers"] = {"text": [], "answer_start": []}
+    return out
 
 
 def _check_answers(ex, path) -> int:
@@ -106,8 +143,12 @@ def _check_answers(ex, path) -> int:
     where = f"{path}: example {ex['id']}"
     if not ex["question"].strip():
         raise UserError(f"{where}: empty question")
-    if not ex["context"].strip():
+    if ex["context"] is not None and not ex["context"].strip():
         raise UserError(f"{where}: empty context")
+    if ex["answers"] is None:
+        return 0
+    if ex["context"] is None:
+        raise UserError(f"{where}: answers without a context: give each labelled question its paragraph")
     context, repaired = ex["context"], 0
     starts = ex["answers"]["answer_start"]
     for k, text in enumerate(ex["answers"]["text"]):

@@ -116,7 +116,7 @@ class ReaderTask(Task):
                                           else f"{a.dataset_name} validation"),
             "questions": len(self.dev.examples), "fingerprint": self.dev_fingerprint}
         ReaderSettings(a.max_seq_length, a.doc_stride, a.max_query_length, a.n_best_size, a.max_answer_length,
-                       self.null_threshold, tuned_on).save(directory)
+                       self.null_threshold, tuned_on, precision=self.accelerator.mixed_precision).save(directory)
 
     def write_outputs(self, directory, result):
         write_json(self.accelerator, os.path.join(directory, "predictions.json"), result["predictions"])

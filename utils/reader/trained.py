@@ -50,6 +50,9 @@ class ReaderSettings:
     # What the threshold was tuned on: {"data": a description, "questions": N, "fingerprint": fingerprint(...)},
     # so that evaluating on that very data can say its score is an upper bound.
     null_threshold_tuned_on: dict | None = None
+    # The autocast the run trained and evaluated with ("no", "bf16", "fp16"; None: not recorded, read as "no"): the
+    # Reader API, the evaluation mode and the QA system read at it by default, as trained.
+    precision: str | None = None
 
     def save(self, directory: str) -> None:
         with open(os.path.join(directory, SETTINGS_FILE), "w") as f:
@@ -68,8 +71,32 @@ class ReaderSettings:
 
 def fingerprint(examples: list[dict]) -> str:
     """A hash of the questions (ids, questions, contexts, answers), whatever file layout they were read from."""
-    rows = [[ex["id"], ex["question"], ex["context"], ex["answers"]["text"]] for ex in examples]
+    rows = [[ex["id"], ex["question"], ex["context"] or "", (ex["answers"] or {"text": []})["text"]] for ex in examples]
     return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
+
+
+def check_reader_dir(path: str) -> None:
+    """A local directory holding a trained extractive QA model (its config and, where the weights are safetensors,
+    the question-answering head): checked before anything is loaded or created, a one-line UserError otherwise."""
+    if not os.path.isdir(path):
+        raise UserError(f"{path}: no such directory (give a reader trained by train_reader.py, or another local "
+                        "extractive QA model directory)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        what = ("a retriever written by train_dpr.py" if os.path.isfile(os.path.join(path, "retriever_settings.json"))
+                else "not a model directory")
+        raise UserError(f"{path}: {what}, not a reader (no config.json)")
+    weights = os.path.join(path, "model.safetensors")
+    if os.path.isfile(weights):
+        from safetensors import safe_open
+
+        try:
+            with safe_open(weights, "pt") as f:
+                keys = list(f.keys())
+        except Exception as err:  # safetensors raises its own error types
+            raise UserError(f"{weights}: unreadable weights ({str(err).splitlines()[0]})") from None
+        if not any(k.startswith("qa_outputs.") or ".qa_outputs." in k for k in keys):
+            raise UserError(f"{path}: not a trained reader: its weights hold no question-answering head (qa_outputs); "
+                            "give a directory written by train_reader.py or another extractive QA model")
 
 
 def load_qa_model(path: str, trained: bool = True):
@@ -101,22 +128,28 @@ def load_qa_model(path: str, trained: bool = True):
 class Reader:
     """A trained reader loaded once; `answer` takes (question, context) pairs in batches."""
 
-    def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64, precision: str = "no",
+    def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64, precision: str | None = None,
                  sort_by_length: bool = False):
-        """`precision`: "bf16" or "fp16" runs the forward passes under autocast (logits are decoded in fp32).
-        `sort_by_length`: batch windows of similar lengths (faster; the default batches them in order, as the
-        training run's evaluation does, so that the logits, not only the answers, are the same)."""
+        """`precision`: "bf16" or "fp16" runs the forward passes under autocast (logits are decoded in fp32), "no"
+        in fp32; default: the precision it was trained at (reader_settings.json), else "no". `sort_by_length`: batch
+        windows of similar lengths (faster; the default batches them in order, as the training run's evaluation
+        does, so that the logits, not only the answers, are the same)."""
         from transformers import AutoTokenizer
 
+        check_reader_dir(model_dir)
+        recorded = ReaderSettings.load(model_dir)
+        self.settings = recorded or ReaderSettings()  # none recorded: threshold 0
+        self.recorded = recorded is not None
+        self.precision = precision or self.settings.precision or "no"
+        if self.precision not in ("no", "bf16", "fp16"):
+            raise UserError(f"reader precision {self.precision!r}: choose no, bf16 or fp16")
+        if batch_size < 1:
+            raise UserError(f"batch_size must be at least 1 (got {batch_size})")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = load_qa_model(model_dir).to(self.device).eval()
-        self.settings = ReaderSettings.load(model_dir) or ReaderSettings()  # none recorded: threshold 0
-        self.recorded = ReaderSettings.load(model_dir) is not None
         self.batch_size, self.sort_by_length = batch_size, sort_by_length
-        if precision not in ("no", "bf16", "fp16"):
-            raise UserError(f"reader precision {precision!r}: choose no, bf16 or fp16")
-        self.autocast = None if precision == "no" else {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        self.autocast = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
 
     def answer(self, pairs) -> list[dict]:
         """For each (question, context): {"answer" ("" = no answer), "score" (start+end logit of the best span),
@@ -134,8 +167,9 @@ class Reader:
         return out
 
     @torch.no_grad()
-    def spans(self, examples: list[dict]) -> dict:
-        """Windows, forward passes in batches of `batch_size` (padded as in evaluation), span decoding."""
+    def spans(self, examples: list[dict], progress: str | None = None) -> dict:
+        """Windows, forward passes in batches of `batch_size` (padded as in evaluation), span decoding. `progress`
+        names a progress bar over the windows."""
         s = self.settings
         features = prepare_eval_features({k: [ex[k] for ex in examples] for k in ("id", "question", "context")},
                                          self.tokenizer, s.max_seq_length, s.doc_stride, s.max_query_length)
@@ -147,7 +181,7 @@ class Reader:
         loader = DataLoader([rows[i] for i in order], batch_size=self.batch_size, collate_fn=lambda r: {
             k: v.to(self.device) for k, v in pad_batch(r, self.tokenizer.pad_token_id).items()})
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-            sorted_starts, sorted_ends = span_logits(self.model, loader)
+            sorted_starts, sorted_ends = span_logits(self.model, loader, progress=progress)
         starts, ends = [None] * len(rows), [None] * len(rows)
         for position, i in enumerate(order):
             starts[i], ends[i] = sorted_starts[position], sorted_ends[position]

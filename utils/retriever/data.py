@@ -16,7 +16,7 @@ from utils.loop.jsonfiles import read_json
 
 def _check_ctx(ctx, path, where):
     if not isinstance(ctx, dict) or not isinstance(ctx.get("text"), str) or not ctx["text"].strip():
-        raise UserError(f"{path}: {where}: every passage needs a non-empty 'text'")
+        raise UserError(f"{path}: {where}: every passage needs a 'text' that is a non-empty string")
     return {"title": str(ctx.get("title") or ""), "text": ctx["text"],
             "passage_id": str(ctx["passage_id"]) if ctx.get("passage_id") is not None else None}
 
@@ -51,15 +51,36 @@ def load_dpr(path: str) -> list[dict]:
     return out
 
 
-def load_passages(path: str) -> list[dict]:
-    rows = read_json(path)
+def load_passages(passages) -> list[dict]:
+    """The one corpus loader, for every consumer (evaluation, the Retriever API and its index, the QA system, BM25,
+    the reader's negatives): JSON lines (or a JSON list) of {"title", "text", "passage_id"} from a file, or such a
+    list given in Python. Each passage needs a `text` that is a non-empty string and a `passage_id` that is
+    non-empty and unique in the corpus (what rankings, indexes and answers name it by); a violation is a one-line
+    UserError naming the file, the line (or the list position) and the id."""
+    if isinstance(passages, str):
+        source, (rows, lines) = passages, read_json(passages, line_numbers=True)
+    else:
+        source, rows, lines = "the passages given", passages, None
+        if isinstance(rows, dict) or not hasattr(rows, "__iter__"):
+            raise UserError(f"{source}: expected a list of {{title, text, passage_id}} passages")
+        rows = list(rows)
     if not isinstance(rows, list) or not rows:
-        raise UserError(f"{path}: expected a non-empty list (JSON lines) of passages")
-    passages = [_check_ctx(r, path, f"passage #{i}") for i, r in enumerate(rows)]
-    for i, p in enumerate(passages):
-        if p["passage_id"] is None:
-            raise UserError(f"{path}: passage #{i}: missing 'passage_id'")
-    return passages
+        raise UserError(f"{source}: expected a non-empty list (JSON lines) of passages")
+    out, seen = [], {}
+    for i, row in enumerate(rows):
+        where = f"line {lines[i]}" if lines else f"passage #{i}"
+        if not isinstance(row, dict):
+            raise UserError(f"{source}: {where}: expected a {{title, text, passage_id}} object, got {type(row).__name__}")
+        ident = row.get("passage_id")
+        if ident is None or not str(ident).strip():
+            raise UserError(f"{source}: {where}: " + ("missing 'passage_id'" if ident is None else
+                                                      f"empty 'passage_id' {ident!r}"))
+        p = _check_ctx(row, source, f"{where} (passage_id {ident!r})")
+        if p["passage_id"] in seen:
+            raise UserError(f"{source}: {where}: duplicate passage_id {p['passage_id']!r} (first at {seen[p['passage_id']]})")
+        seen[p["passage_id"]] = where
+        out.append(p)
+    return out
 
 
 def passage_key(ctx: dict) -> str:

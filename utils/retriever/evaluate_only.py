@@ -8,6 +8,7 @@ import os
 import torch
 
 from utils.loop.jsonfiles import json_line, write_json
+from utils.loop.output_dir import publish_dir
 from utils.loop.process import finish
 from utils.retriever.bi_encoder import load_bi_encoder
 from utils.retriever.evaluation import RetrievalEvaluation
@@ -24,21 +25,27 @@ def evaluate_only(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages) ->
         result = evaluation(model)
     m = result["metrics"]
     accelerator.print(
-        f"{args.validation_file}: {len(dev)} questions, {len(corpus)} passages\n"
+        f"{args.validation_file}: {len(dev)} questions, {len(corpus)} passages; encoders at precision "
+        f"{accelerator.mixed_precision}{' (as trained)' if accelerator.mixed_precision == settings.precision else ''}\n"
         f"  dense:  top1 {m['top1']:.1f} top5 {m['top5']:.1f} top20 {m['top20']:.1f} MRR@10 {m['mrr@10']:.3f} "
         f"mean rank {m['mean_rank']:.1f}\n"
         f"  BM25:   top1 {m['bm25_top1']:.1f} top5 {m['bm25_top5']:.1f} top20 {m['bm25_top20']:.1f} MRR@10 "
         f"{m['bm25_mrr@10']:.3f}\n"
-        f"  hybrid at the recorded dense weight {m['hybrid_dense_weight']}: top1 {m['hybrid_top1']:.1f} top5 "
-        f"{m['hybrid_top5']:.1f} MRR@10 {m['hybrid_mrr@10']:.3f}\n"
+        f"  hybrid at the recorded dense weight {m['hybrid_recorded_dense_weight']}: top1 "
+        f"{m['hybrid_recorded_top1']:.1f} top5 {m['hybrid_recorded_top5']:.1f} MRR@10 {m['hybrid_recorded_mrr@10']:.3f}\n"
+        f"  hybrid cross-fitted on this file (each half at the weight tuned on the other): top1 {m['hybrid_top1']:.1f} "
+        f"MRR@10 {m['hybrid_mrr@10']:.3f}\n"
         f"  hybrid at the weight tuned on this file ({m['hybrid_tuned_dense_weight']}, an upper bound): top1 "
         f"{m['hybrid_tuned_top1']:.1f} MRR@10 {m['hybrid_tuned_mrr@10']:.3f}")
-    if accelerator.is_main_process:
-        with open(os.path.join(args.output_dir, "rankings.jsonl"), "w") as f:
-            f.writelines(json_line(r) + "\n" for r in result["rankings"])
-    write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"),
-               {"model": args.model_name_or_path, "file": args.validation_file, "passages": args.passages,
-                "corpus_passages": len(corpus), "metrics": m, "processes": accelerator.num_processes,
-                "note": "hybrid_*: at the retriever's recorded dense weight; hybrid_tuned_*: at the weight tuned on "
-                        "this file, an upper bound"})
+    with publish_dir(accelerator, args.output_dir, state="evaluated") as out:
+        if accelerator.is_main_process:
+            with open(os.path.join(out, "rankings.jsonl"), "w") as f:
+                f.writelines(json_line(r) + "\n" for r in result["rankings"])
+        write_json(accelerator, os.path.join(out, "eval_results.json"),
+                   {"model": args.model_name_or_path, "file": args.validation_file, "passages": args.passages,
+                    "corpus_passages": len(corpus), "metrics": m, "processes": accelerator.num_processes,
+                    "precision": accelerator.mixed_precision, "precision_as_trained": settings.precision,
+                    "note": "hybrid_*: cross-fitted on this file; hybrid_recorded_*: at the retriever's recorded dense "
+                            "weight; hybrid_tuned_*: at the weight tuned on this file, an upper bound; rankings.jsonl: "
+                            "hybrid_gold_rank at the recorded weight"})
     finish(accelerator)

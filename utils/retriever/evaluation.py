@@ -4,10 +4,11 @@ sentence window with --window_sentences), by BM25 and by two hybrids of both, an
 Every evaluation reports top-1/5/20/100, MRR@10 and the mean rank of the gold passage for each ranking, so a run
 shows at once whether the trained encoder beats BM25 and whether it adds to it. Nothing builds the questions x
 corpus matrix: each process encodes and searches its own shard of the corpus (utils.retriever.search), BM25 scores
-one question at a time, and the hybrids fuse the two rankings' candidates (utils.retriever.fusion). The training
-run's evaluation tunes the hybrid's dense weight cross-fitted (each half of the questions scored with the weight
-tuned on the other half); the eval-only mode scores at the retriever's recorded weight and reports the weight tuned
-on the file as an upper bound.
+one question at a time, and the hybrids fuse the two rankings' candidates (utils.retriever.fusion). The convex
+hybrid's metrics mean the same in a training run and in the eval-only mode: `hybrid_*` cross-fitted (each half of
+the questions scored with the dense weight tuned on the other half), `hybrid_tuned_*` at the weight tuned on all of
+them (an upper bound; a training run records this weight), and, in the eval-only mode, `hybrid_recorded_*` at the
+retriever's recorded weight.
 """
 
 import logging
@@ -34,15 +35,16 @@ logger = logging.getLogger("qa-amp")
 class RetrievalEvaluation:
     """The dev questions and the corpus they are ranked against: this process's shard of it, tokenised once (as
     sentence windows with --window_sentences), BM25 over all of it, and the dev questions' training-style batches
-    for the in-batch rank. `recorded_weight`: rank the hybrid at this dense weight (a trained retriever's) instead
-    of cross-fitting one."""
+    for the in-batch rank."""
 
     def __init__(self, accelerator, args, q_tok, p_tok, dev, corpus, dev_passages, recorded_weight=None):
+        """`recorded_weight`: also rank the hybrid at this dense weight (a trained retriever's: `hybrid_recorded_*`)."""
         self.accelerator, self.args, self.recorded_weight = accelerator, args, recorded_weight
         self.dev, self.corpus, self.dev_passages = dev, corpus, dev_passages
         self.p_pad = p_tok.pad_token_id
         index = {passage_key(c): i for i, c in enumerate(corpus)}
-        self.gold = [[index[passage_key(c)] for c in q["positive_ctxs"]] for q in dev]
+        # each gold passage once: a positive listed twice must not count against itself in the ranks
+        self.gold = [list(dict.fromkeys(index[passage_key(c)] for c in q["positive_ctxs"])) for q in dev]
         self.gold_ids = _padded(self.gold)
         self.shard = shard(len(corpus), accelerator.process_index, accelerator.num_processes)
         windows, owner = sentence_windows(corpus[self.shard.start:self.shard.stop], args.window_sentences)
@@ -77,22 +79,24 @@ class RetrievalEvaluation:
                              self.gold[mine.start:mine.stop], dense_i[mine.start:mine.stop])])))
         dense_of_lex = max_scores(score_passages(q_emb, vectors, lex_i), device)
         candidates = gather_candidates(dense_s, dense_i, lex_s, lex_i, lex_of_dense, dense_of_lex)
-        # The hybrid's metrics: cross-fitted in a training run, at the recorded weight in the eval-only mode; next
-        # to them, at the weight tuned on these very questions (an upper bound, and what a training run records).
-        if self.recorded_weight is None:
-            hybrid_ranks, tuned = cross_fitted_ranks(candidates, self.gold)
-        else:
-            tuned = tune_dense_weight(candidates, self.gold)
-            hybrid_ranks = fused_gold_ranks(convex_fusion(candidates, self.recorded_weight), candidates, self.gold)
-        weight = tuned if self.recorded_weight is None else self.recorded_weight
+        # The hybrid's metrics mean the same in both modes: `hybrid_*` cross-fitted (each half of the questions fused
+        # with the weight tuned on the other half: an estimate), `hybrid_tuned_*` at the weight tuned on all of them
+        # (an upper bound on these questions; what a training run records), and in the eval-only mode
+        # `hybrid_recorded_*` at the retriever's recorded weight (what it ranks with).
+        hybrid_ranks, tuned = cross_fitted_ranks(candidates, self.gold)
         tuned_ranks = fused_gold_ranks(convex_fusion(candidates, tuned), candidates, self.gold)
-        at_weight = tuned_ranks if self.recorded_weight is None else hybrid_ranks  # what the retriever ranks with
+        at_weight = tuned_ranks  # rankings.jsonl: at the weight the retriever ranks with
         rrf_ranks = fused_gold_ranks(reciprocal_rank_fusion(candidates), candidates, self.gold)
         metrics = retrieval_metrics(ranks)
         metrics["in_batch_avg_rank"] = self.in_batch_rank(q_emb, vectors, bare)
-        for kind, r in (("bm25", lex_ranks), ("hybrid", hybrid_ranks), ("rrf", rrf_ranks), ("hybrid_tuned", tuned_ranks)):
+        kinds = [("bm25", lex_ranks), ("hybrid", hybrid_ranks), ("rrf", rrf_ranks), ("hybrid_tuned", tuned_ranks)]
+        if self.recorded_weight is not None:
+            at_weight = fused_gold_ranks(convex_fusion(candidates, self.recorded_weight), candidates, self.gold)
+            kinds.append(("hybrid_recorded", at_weight))
+            metrics["hybrid_recorded_dense_weight"] = self.recorded_weight
+        for kind, r in kinds:
             metrics.update({f"{kind}_{k}": v for k, v in retrieval_metrics(r).items()})
-        metrics["hybrid_dense_weight"], metrics["hybrid_tuned_dense_weight"] = weight, tuned
+        metrics["hybrid_tuned_dense_weight"] = tuned
         rankings = [{"id": q["id"], "question": q["question"], "gold_rank": int(r), "bm25_gold_rank": int(b),
                      "hybrid_gold_rank": int(h), "rrf_gold_rank": int(f),
                      "top20": [self.corpus[j]["passage_id"] or self.corpus[j]["text"][:80] for j in t[:20] if j >= 0]}
