@@ -18,74 +18,72 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
   accelerate launch qa_system.py ...      several processes: each answers its share of the questions.
 
 Skeleton: setup -> data (questions, the index of the corpus) -> answer (retrieve, read, the rule of
-utils/system/answer.py) -> measure. Outputs in --output_dir: predictions.json (id -> {"answer", "passage_id",
-"score"}; "" for no answer) at --top_k, details.jsonl (per question the passages read, each one's best span and
-null score), eval_results.json (the table and thresholds).
+utils/system/answer.py) -> measure. Outputs in --output_dir, written together when the run ends (an --output_dir
+holding an earlier run's is refused unless --overwrite_output_dir, and then replaced as a whole; an interrupted run
+leaves nothing): predictions.json (id -> answer text, "" for no answer, at --top_k: what the official SQuAD v2
+evaluation script reads), details.jsonl (per question the answer, the passage it was taken from and its score,
+null when the system abstains, and the passages read with each one's best span and null score), eval_results.json
+(the table, the thresholds and the precision each model ran at) and, with --passages and a trained retriever,
+index/ (the corpus indexed: give it as --index next time).
 """
 
 import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Optional
 
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
-from utils.loop.args import arg, check_input_files, parse_args
+from utils.loop.args import arg, check_at_least_one, check_input_files, parse_args
 from utils.loop.errors import UserError, exit_on_user_error
 from utils.loop.jsonfiles import json_line, write_json
-from utils.loop.output_dir import prepare_output_dir
+from utils.loop.output_dir import prepare_output_dir, publish_dir
 from utils.loop.process import finish
-from utils.system.answer import answer
-from utils.system.measure import (combined_at, fingerprint_of, load_questions, questions_per_second,
-                                  reading_share, recall, scores, tune_threshold)
-from utils.retriever.index import Retriever
-from utils.system.pipeline import QASystem
+from utils.reader.squad_data import load_questions
+from utils.reader.trained import fingerprint
+from utils.retriever.data import load_passages
+from utils.retriever.index import Index
+from utils.system.answer import combine
+from utils.system.inputs import SystemArgs, build_system
+from utils.system.measure import (combined_at, labelled, questions_per_second, reading_share, recall, scores,
+                                  tune_threshold)
+from utils.system.pipeline import QASystem, answer_of
 
 logger = logging.getLogger("qa-amp")
 
 
 @dataclass
-class QAArgs:
-    retriever: str = arg(None, "A retriever trained by train_dpr.py (its output directory), or bm25.")
-    reader: str = arg(None, "A reader trained by train_reader.py (its output directory).")
+class QAArgs(SystemArgs):
     questions: str = arg(None, "Questions to answer: SQuAD v1.1/v2.0 JSON (with answers the system is measured), or "
-                               "JSON lines of {id, question}.")
-    passages: Optional[str] = arg(None, "The corpus: JSON lines of {title, text, passage_id}.")
-    index: Optional[str] = arg(None, "Instead of --passages: an index of the corpus saved by the Retriever API.")
+                               "JSON lines of {id, question} (optionally context, answers). Every question needs an id.")
     validation_file: Optional[str] = arg(None, "Labelled SQuAD JSON to tune the system's no-answer threshold on, for "
-                                               "each number of passages read.")
-    no_answer_threshold: Optional[float] = arg(None, "The system's no-answer threshold, tuned before. Default: tuned "
-                                                     "on --validation_file, else the reader's recorded threshold.")
-    top_k: int = arg(5, "Passages read per question for predictions.json.")
+                                               "each number of passages read (instead of --no_answer_threshold).")
+    top_k: int = arg(5, "Passages read per question for predictions.json (at most the corpus).")
     eval_k: list[int] = field(default_factory=lambda: [1, 3, 5, 10], metadata={
         "help": "The numbers of passages read that the measurement reports (one retrieval, one reading, at the "
-                "largest).", "nargs": "+"})
-    hybrid: Optional[bool] = arg(None, "Fuse the dense ranking with BM25 at the retriever's recorded weight. "
-                                       "Default: when the retriever has one.")
-    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = arg(None, "Autocast precision of the encoders and "
-                                                                         "the reader. Default: the launcher's, else no.")
-    batch_size: int = arg(64, "Texts per forward pass (questions, passages, reader windows).")
+                "largest; at most the corpus).", "nargs": "+"})
     max_questions: Optional[int] = arg(None, "Answer the first N questions only (quick runs).")
     output_dir: str = arg("outputs/qa", "Where predictions.json, details.jsonl and eval_results.json go.")
-    overwrite_output_dir: bool = arg(False, "Use output_dir even if it holds a trained model or files of no run of "
-                                            "this project.")
+    overwrite_output_dir: bool = arg(False, "Use output_dir even if it holds an earlier run's outputs, a trained "
+                                            "model or files of no run of this project: they are replaced.")
     resume_from_checkpoint = None  # the output directory check's; nothing resumes here
 
     def validate(self) -> None:
-        if not self.retriever or not self.reader or not self.questions:
-            raise UserError("give --retriever (a trained retriever or bm25), --reader and --questions")
-        check_input_files(self, "questions", "passages", "validation_file")
-        if self.retriever != "bm25" and not os.path.isdir(self.retriever):
-            raise UserError(f"{self.retriever}: no such directory (give a retriever trained by train_dpr.py, or bm25)")
-        if (self.passages is None) == (self.index is None):
-            raise UserError("give the corpus as --passages, or as a saved --index (one of them)")
-        if self.retriever == "bm25" and self.index:
-            raise UserError("--index holds dense vectors: the BM25 retriever needs --passages")
-        if self.top_k < 1 or min(self.eval_k) < 1 or self.batch_size < 1:
-            raise UserError("--top_k, --eval_k and --batch_size must be at least 1")
+        if not self.questions:
+            raise UserError("give --questions (and --retriever, --reader, the corpus)")
+        check_input_files(self, "questions", "validation_file")
+        self.validate_system()
+        check_at_least_one(self, "top_k", "max_questions")
+        if min(self.eval_k) < 1:
+            raise UserError(f"--eval_k must be at least 1 (got {min(self.eval_k)})")
         self.eval_k = sorted(set(self.eval_k))
+        out = os.path.realpath(self.output_dir)
+        for name in ("reader", "retriever", "index", "questions", "passages", "validation_file"):
+            path = getattr(self, name)
+            if path and path != "bm25" and (os.path.realpath(path) + os.sep).startswith(out + os.sep):
+                raise UserError(f"--output_dir {self.output_dir} holds --{name} {path}: give another --output_dir")
 
 
 def answer_all(accelerator, system: QASystem, questions: list[dict], k: int, bands: list[int]) -> tuple:
@@ -112,89 +110,101 @@ def answer_all(accelerator, system: QASystem, questions: list[dict], k: int, ban
     return [gathered[q["id"]][0] for q in questions], [gathered[q["id"]][1] for q in questions], times
 
 
+def clamp_k(args, passages: int) -> tuple[list[int], int, str | None]:
+    """(the eval k's, top_k, a note): k's beyond the corpus read every passage, so they are measured once, at its
+    size, and said so."""
+    beyond = [k for k in args.eval_k + [args.top_k] if k > passages]
+    note = (f"k = {', '.join(map(str, sorted(set(beyond))))} beyond the {passages} passages of the corpus: read at "
+            f"{passages}" if beyond else None)
+    return sorted({min(k, passages) for k in args.eval_k}), min(args.top_k, passages), note
+
+
 @exit_on_user_error
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
     args = parse_args(QAArgs, argv)
-    accelerator = Accelerator(mixed_precision=args.mixed_precision)
+    accelerator = Accelerator()  # each model runs under its own autocast (utils.reader.trained, utils.retriever.index)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
-    prepare_output_dir(accelerator, args, "evaluate")
-    device = "cuda" if accelerator.device.type == "cuda" else "cpu"
+    prepare_output_dir(accelerator, args, "evaluate")  # refused if it holds anything; nothing created before the end
 
-    # --- data: the questions, the index of the corpus (built once, by the main process) ----------------
-    questions = load_questions(args.questions)[: args.max_questions]
+    # --- data: the questions, the corpus -------------------------------------------------------------------
+    questions = load_questions(args.questions, need_context=False)[: args.max_questions]
     validation = None
     if args.validation_file:
         same_path = os.path.realpath(args.validation_file) == os.path.realpath(args.questions)
-        validation = questions if same_path else load_questions(args.validation_file)
-        if validation[0]["answers"] is None:
+        validation = questions if same_path else load_questions(args.validation_file, need_context=False)
+        if not labelled(validation):
             raise UserError(f"{args.validation_file}: the threshold is tuned on labelled questions (SQuAD JSON with "
                             "answers)")
-    same_file = validation is not None and fingerprint_of(validation) == fingerprint_of(questions)
-    index = args.index
-    if args.retriever != "bm25" and index is None:  # embedded once, by the main process; the others map it
-        index = os.path.join(args.output_dir, "index")
-        if accelerator.is_main_process:
-            Retriever(args.retriever, device=device, batch_size=args.batch_size).index(args.passages).save(index)
-        accelerator.wait_for_everyone()
-    system = QASystem(args.retriever, args.reader, passages=args.passages if args.retriever == "bm25" else None,
-                      index=index, hybrid=args.hybrid, device=device, precision=accelerator.mixed_precision,
-                      batch_size=args.batch_size)
-    bands = sorted(set(args.eval_k) | {args.top_k})
+    same_file = validation is not None and fingerprint(validation) == fingerprint(questions)
+    passages = load_passages(args.passages) if args.passages else None
+    index = Index.load(args.index) if args.index else None  # checked against the retriever once it is loaded
+    corpus = len(passages) if passages is not None else index.vectors.count
+    bands, top_k, clamped = clamp_k(args, corpus)
+    bands = sorted(set(bands) | {top_k})
     k = bands[-1]
-    ranking = "hybrid with BM25" if system.hybrid else "dense" if system.index else "BM25"
-    accelerator.print(f"qa: retriever={args.retriever} ({ranking}) reader={args.reader} questions={len(questions)} "
-                      f"passages={len(system.passages)} k={bands} processes={accelerator.num_processes} "
-                      f"precision={accelerator.mixed_precision}")
+    accelerator.print(f"qa: retriever={args.retriever} reader={args.reader} questions={len(questions)} "
+                      f"passages={corpus} k={bands} processes={accelerator.num_processes}"
+                      + (f"\nqa: {clamped}" if clamped else ""))
 
-    # --- answer ----------------------------------------------------------------------------------------
-    retrieved, readings, times = answer_all(accelerator, system, questions, k, bands)
-    labelled = questions[0]["answers"] is not None
-    gold = read_gold(accelerator, system, questions) if labelled and all(q["context"] for q in questions) else None
-    v_readings = v_gold = None
-    if args.no_answer_threshold is None and validation is not None:
-        v_readings = readings if same_file else answer_all(accelerator, system, validation, k, [k])[1]
-        v_gold = gold if same_file else read_gold(accelerator, system, validation)
-    source = ("given" if args.no_answer_threshold is not None else
-              "tuned on this very file: an upper bound" if same_file else
-              f"tuned on {args.validation_file}" if validation is not None else "the reader's recorded threshold")
+    with publish_dir(accelerator, args.output_dir, state="evaluated") as out:  # all outputs at the end, or none
+        device = "cuda" if accelerator.device.type == "cuda" else "cpu"
+        system = build_system(args, device, passages, index, index_dir=None if index else os.path.join(out, "index"),
+                              main=accelerator.is_main_process, barrier=accelerator.wait_for_everyone)
+        ranking = "hybrid with BM25" if system.hybrid else "dense" if system.index else "BM25"
+        precisions = system.precisions
+        accelerator.print(f"qa: ranking {ranking}; precision " + ", ".join(f"{part} {p}" for part, p in precisions.items())
+                          + (" (as trained)" if args.mixed_precision is None else ""))
 
-    def threshold(tuning_readings, kk):
-        if args.no_answer_threshold is not None:
-            return args.no_answer_threshold
-        if tuning_readings is None:
-            return system.recorded_threshold
-        return tune_threshold(validation, combined_at(tuning_readings, kk))
+        # --- answer ------------------------------------------------------------------------------------
+        retrieved, readings, times = answer_all(accelerator, system, questions, k, bands)
+        is_labelled = labelled(questions)
+        gold = read_gold(accelerator, system, questions) if is_labelled and all(q["context"] for q in questions) \
+            else None
+        v_readings = v_gold = None
+        if args.no_answer_threshold is None and validation is not None:
+            v_readings = readings if same_file else answer_all(accelerator, system, validation, k, [k])[1]
+            v_gold = gold if same_file else read_gold(accelerator, system, validation)
+        source = ("given" if args.no_answer_threshold is not None else
+                  "tuned on this very file: an upper bound" if same_file else
+                  f"tuned on {args.validation_file}" if validation is not None else "the reader's recorded threshold")
 
-    thresholds = {kk: threshold(v_readings, kk) for kk in bands}
+        def threshold(tuning_readings, kk):
+            if args.no_answer_threshold is not None:
+                return args.no_answer_threshold
+            if tuning_readings is None:
+                return system.recorded_threshold
+            return tune_threshold(validation, combined_at(tuning_readings, kk))
 
-    # --- measure, write --------------------------------------------------------------------------------
-    rows = []
-    for kk in bands:
-        row = {"k": kk, "threshold": thresholds[kk], "questions_per_second": questions_per_second(times, kk, len(questions)),
-               "reading_share": reading_share(times, kk)}
-        if labelled:
-            row["recall"] = recall(questions, retrieved, kk)
-            row.update(scores(questions, combined_at(readings, kk), thresholds[kk]))
-        rows.append(row)
-    ceiling = None
-    if gold is not None:
-        gold_threshold = threshold(v_gold, 1)
-        ceiling = {"threshold": gold_threshold, **scores(questions, combined_at(gold, 1), gold_threshold)}
-    top = combined_at(readings, args.top_k)
-    if accelerator.is_main_process:
-        write_outputs(accelerator, args.output_dir, questions, retrieved, readings, top, thresholds[args.top_k])
-    write_json(accelerator, os.path.join(args.output_dir, "eval_results.json"),
-               {"retriever": args.retriever, "reader": args.reader, "questions": args.questions,
-                "passages": len(system.passages), "hybrid": system.hybrid, "threshold_source": source,
-                "processes": accelerator.num_processes, "precision": accelerator.mixed_precision, "rows": rows,
-                "gold_paragraphs": ceiling})
+        thresholds = {kk: threshold(v_readings, kk) for kk in bands}
+
+        # --- measure, write ----------------------------------------------------------------------------
+        rows = []
+        for kk in bands:
+            row = {"k": kk, "threshold": thresholds[kk],
+                   "questions_per_second": questions_per_second(times, kk, len(questions)),
+                   "reading_share": reading_share(times, kk)}
+            if is_labelled:
+                row["recall"] = recall(questions, retrieved, kk)
+                row.update(scores(questions, combined_at(readings, kk), thresholds[kk]))
+            rows.append(row)
+        ceiling = None
+        if gold is not None:
+            gold_threshold = threshold(v_gold, 1)
+            ceiling = {"threshold": gold_threshold, **scores(questions, combined_at(gold, 1), gold_threshold)}
+        write_outputs(accelerator, out, questions, retrieved, readings, top_k, thresholds[top_k])
+        write_json(accelerator, os.path.join(out, "eval_results.json"),
+                   {"retriever": args.retriever, "reader": args.reader, "questions": args.questions,
+                    "passages": len(system.passages), "hybrid": system.hybrid, "threshold_source": source,
+                    "processes": accelerator.num_processes, "precision": precisions,
+                    "precision_as_trained": args.mixed_precision is None, "k_note": clamped, "rows": rows,
+                    "gold_paragraphs": ceiling})
     for r in rows:
         accelerator.print("  ".join(f"{key} {_fmt(value)}" for key, value in r.items()))
     if ceiling:
         accelerator.print("gold paragraphs (the ceiling): " + "  ".join(f"{key} {_fmt(v)}" for key, v in ceiling.items()))
-    accelerator.print(f"threshold: {source}; predictions.json at k={args.top_k} in {args.output_dir}")
+    accelerator.print(f"threshold: {source}; predictions.json at k={top_k} in {args.output_dir}")
     finish(accelerator)
 
 
@@ -211,16 +221,25 @@ def _fmt(value):
     return f"{value:.2f}" if isinstance(value, float) else value
 
 
-def write_outputs(accelerator, directory, questions, retrieved, readings, top, threshold) -> None:
-    predictions = {q["id"]: {"answer": answer(c, threshold), "passage_id": c["passage_id"], "score": c["score"]}
-                   for q, c in zip(questions, top)}
-    write_json(accelerator, os.path.join(directory, "predictions.json"), predictions)
+def write_outputs(accelerator, directory, questions, retrieved, readings, top_k, threshold) -> None:
+    """predictions.json ({id: answer text}, the official SQuAD v2 evaluation's input) and details.jsonl: per
+    question its answer at top_k, the passage it was taken from and its score (null on an abstention), its
+    offsets in that passage, and every passage read (retrieval score, best span, span and null scores; null for a
+    passage without a span)."""
+    if not accelerator.is_main_process:
+        return
+    predictions = {}
     with open(os.path.join(directory, "details.jsonl"), "w", encoding="utf-8") as f:
         for q, passages, reads in zip(questions, retrieved, readings):
-            f.write(json_line({"id": q["id"], "question": q["question"], "answer": predictions[q["id"]]["answer"],
-                               "passages": [{**{k: p[k] for k in ("passage_id", "score")}, "span": r["text"],
+            a = answer_of(combine(reads[:top_k]), threshold, passages[:top_k], reads[:top_k])
+            predictions[q["id"]] = a["answer"]
+            f.write(json_line({"id": q["id"], "question": q["question"], "answer": a["answer"],
+                               "passage_id": a["passage_id"], "score": a["score"], "start": a["start"],
+                               "end": a["end"], "top_k": top_k,
+                               "passages": [{"passage_id": p["passage_id"], "score": p["score"], "span": r["text"],
                                              "span_score": r["score"], "null_score": r["null_score"]}
                                             for p, r in zip(passages, reads)]}) + "\n")
+    write_json(accelerator, os.path.join(directory, "predictions.json"), predictions)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from utils.reader.squad_data import load_questions  # noqa: E402
 from utils.system.answer import combine  # noqa: E402
-from utils.system.measure import load_questions, scores, tune_threshold  # noqa: E402
+from utils.system.measure import scores, tune_threshold  # noqa: E402
 
 
 def paragraph_of(path: str) -> dict:
@@ -31,15 +32,20 @@ def paragraph_of(path: str) -> dict:
 
 
 def readings_of(path: str) -> dict:
-    """Question id -> its passages' readings, in retrieval order, as utils.system.answer.combine takes them."""
+    """Question id -> its passages' readings, in retrieval order, as utils.system.answer.combine takes them. A
+    passage without a span has span_score -inf, written as null in the strict JSON of details.jsonl (its null score
+    likewise, +inf)."""
     out = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
-            out[row["id"]] = [{"passage_id": p["passage_id"], "text": p["span"], "score": p["span_score"],
-                               "null_score": p["null_score"],
-                               "null_minus_best": p["null_score"] - p["span_score"] if p["span"] else math.inf}
-                              for p in row["passages"]]
+            readings = []
+            for p in row["passages"]:
+                span = -math.inf if p["span_score"] is None else p["span_score"]
+                null = math.inf if p["null_score"] is None else p["null_score"]
+                readings.append({"passage_id": p["passage_id"], "text": p["span"], "score": span, "null_score": null,
+                                 "null_minus_best": null - span if p["span"] else math.inf})
+            out[row["id"]] = readings
     return out
 
 
@@ -50,7 +56,7 @@ def main():
     parser.add_argument("--k", type=int, nargs="+", default=[1, 3, 5, 10])
     args = parser.parse_args()
 
-    questions = load_questions(args.questions)
+    questions = load_questions(args.questions, need_context=False)
     paragraph, readings = paragraph_of(args.questions), readings_of(os.path.join(args.run, "details.jsonl"))
     halves = [[q for q in questions if paragraph[q["id"]] % 2 == h] for h in (0, 1)]
     print(f"{args.run}: {len(questions)} questions, halves of {len(halves[0])} / {len(halves[1])} questions "

@@ -51,6 +51,28 @@ def tiny_bert_no_dropout_dir(tmp_path_factory, tokenizer):
     return _tiny_bert(tmp_path_factory.mktemp("tiny-bert-nodrop"), tokenizer, dropout=0.0)
 
 
+@pytest.fixture(scope="session")
+def trained_models(tiny_bert_dir, tmp_path_factory):
+    """(reader, retriever): a tiny reader and a tiny retriever trained on the shipped sample (fp32), shared by the
+    tests that use trained models (the QA system, the server)."""
+    root = tmp_path_factory.mktemp("trained")
+    reader, retriever = str(root / "reader"), str(root / "retriever")
+    run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", reader, "--max_train_steps",
+               30, "--learning_rate", 1e-3, "--per_device_train_batch_size", 8, "--eval_before_training", "false")
+    run_script("train_dpr.py", "--query_model_name_or_path", tiny_bert_dir, "--passage_model_name_or_path",
+               tiny_bert_dir, "--output_dir", retriever, "--max_train_steps", 6, "--learning_rate", 5e-4,
+               "--per_device_train_batch_size", 8, "--eval_before_training", "false")
+    return reader, retriever
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def run_script(script, *args, launcher=None, env=None, check=True, timeout=600):
     """Run a project script as a user would; return the CompletedProcess (stdout+stderr as text)."""
     cmd = (launcher or [sys.executable]) + [os.path.join(ROOT, script), *map(str, args)]

@@ -36,3 +36,26 @@ def test_dpr_vs_sentence_transformers_benchmark_runs_both_sides(tiny_bert_dir, t
     rows = [line for line in md.splitlines() if line.startswith(("| sentence-transformers", "| train_dpr.py"))]
     assert len(rows) == 2 and all(r.split(" | ")[1] == "4" for r in rows), md  # 32 questions / 8: 4 updates each
     assert "speed ratio (train_dpr.py / sentence-transformers):" in md and "speed ratio" in proc.stdout
+
+
+def test_the_crossfit_rescoring_reads_passages_without_a_span(tmp_path):
+    """details.jsonl writes a passage without a span with null scores (strict JSON has no -inf): read back, they
+    are the -inf span and +inf null score qa_system.py computed, not a crash."""
+    import json
+
+    from utils.reader.squad_data import load_questions
+
+    questions = load_questions(f"{SAMPLE}/dev.json")
+    run = tmp_path / "qa"
+    run.mkdir()
+    with open(run / "details.jsonl", "w") as f:
+        for i, q in enumerate(questions):
+            answer = q["answers"]["text"][0] if q["answers"]["text"] else "nothing"
+            passages = [{"passage_id": "a", "score": 1.0, "span": "", "span_score": None, "null_score": None},
+                        {"passage_id": "b", "score": 0.5, "span": answer, "span_score": 2.0 + i % 3,
+                         "null_score": 1.0 + i % 5}]
+            f.write(json.dumps({"id": q["id"], "passages": passages}) + "\n")
+    proc = run_script("benchmarks/qa_crossfit.py", "--run", run, "--questions", f"{SAMPLE}/dev.json", "--k", 1, 2)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert len(rows) == 2
+    assert rows[0].split(" | ")[1] == "15.38"  # k = 1: no span anywhere, every question abstains (8 of 52 right)

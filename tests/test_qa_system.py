@@ -4,33 +4,29 @@ processes answer as one, and bad inputs are one-line errors."""
 
 import json
 import math
+import os
 
 import pytest
 
 from conftest import SAMPLE, assert_user_error, run_script
 from test_distributed import run_ddp
+from utils.loop.errors import UserError
 from utils.reader.trained import Reader
 from utils.system.answer import answer, combine
+from utils.system.pipeline import QASystem
 
 
 @pytest.fixture(scope="module")
-def models(tiny_bert_dir, tmp_path_factory):
+def models(trained_models):
     """A tiny reader and a tiny retriever trained on the sample (fp32)."""
-    root = tmp_path_factory.mktemp("qa")
-    reader, retriever = str(root / "reader"), str(root / "retriever")
-    run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", reader, "--max_train_steps",
-               30, "--learning_rate", 1e-3, "--per_device_train_batch_size", 8, "--eval_before_training", "false")
-    run_script("train_dpr.py", "--query_model_name_or_path", tiny_bert_dir, "--passage_model_name_or_path",
-               tiny_bert_dir, "--output_dir", retriever, "--max_train_steps", 6, "--learning_rate", 5e-4,
-               "--per_device_train_batch_size", 8, "--eval_before_training", "false")
-    return reader, retriever
+    return trained_models
 
 
-def qa(models, out, *extra, launcher=None):
+def qa(models, out, *extra, launcher=None, check=True):
     reader, retriever = models
     args = ["--retriever", retriever, "--reader", reader, "--passages", f"{SAMPLE}/dpr_passages.jsonl",
             "--questions", f"{SAMPLE}/dev.json", "--output_dir", out, "--eval_k", 1, 3, *extra]
-    return run_ddp("qa_system.py", *args) if launcher == "ddp" else run_script("qa_system.py", *args)
+    return run_ddp("qa_system.py", *args) if launcher == "ddp" else run_script("qa_system.py", *args, check=check)
 
 
 def test_answers_follow_the_rule_over_the_readers_readings(models, tmp_path):
@@ -41,21 +37,44 @@ def test_answers_follow_the_rule_over_the_readers_readings(models, tmp_path):
     reader = Reader(models[0], device="cpu")
     passages = {json.loads(line)["passage_id"]: json.loads(line) for line in open(f"{SAMPLE}/dpr_passages.jsonl")}
     assert len(details) == len(predictions) == 52
+    # predictions.json is what the official SQuAD v2 evaluation reads: id -> answer text
+    assert all(isinstance(a, str) for a in predictions.values())
     for d in details:
-        assert len(d["passages"]) == 3
+        assert len(d["passages"]) == 3 and d["top_k"] == 3
         read = reader.answer([(d["question"], passages[p["passage_id"]]["text"]) for p in d["passages"]])
         by_hand = [{"passage_id": p["passage_id"], "text": r["nbest"][0]["text"] if r["nbest"] else "",
-                    "score": r["score"], "null_minus_best": r["null_minus_best"]} for p, r in zip(d["passages"], read)]
+                    "score": r["score"], "null_minus_best": r["null_minus_best"], "nbest": r["nbest"]}
+                   for p, r in zip(d["passages"], read)]
         best = max(by_hand, key=lambda x: x["score"])  # the best span of any passage...
         abstain = min(x["null_minus_best"] for x in by_hand) > 0.5  # ...unless every null beats its span by > 0.5
-        assert predictions[d["id"]]["answer"] == ("" if abstain else best["text"]), d["id"]
-        if not abstain:
-            assert predictions[d["id"]]["passage_id"] == best["passage_id"]
-            assert math.isclose(predictions[d["id"]]["score"], best["score"], rel_tol=1e-6)
+        assert predictions[d["id"]] == d["answer"] == ("" if abstain else best["text"]), d["id"]
+        if abstain:  # an abstention carries no passage and no score
+            assert (d["passage_id"], d["score"], d["start"], d["end"]) == (None, None, None, None)
+        else:  # the passage it was chosen from, and where in it
+            assert d["passage_id"] == best["passage_id"]
+            assert math.isclose(d["score"], best["score"], rel_tol=1e-6)
+            assert passages[d["passage_id"]]["text"][d["start"]:d["end"]] == d["answer"]
     results = json.load(open(f"{out}/eval_results.json"))
     assert [r["k"] for r in results["rows"]] == [1, 3] and results["threshold_source"] == "given"
     assert all({"f1", "exact", "HasAns_f1", "NoAns_f1", "recall", "questions_per_second"} <= r.keys()
                for r in results["rows"])
+
+
+def test_the_api_answers_one_question_or_many_and_refuses_a_bad_k(models):
+    qa = QASystem(models[1], models[0], passages=f"{SAMPLE}/dpr_passages.jsonl", device="cpu")
+    question = "Who designed the Corran lighthouse?"
+    one, many = qa.ask(question, k=3), qa.ask([question, "When was the loom built?"], k=3)
+    assert isinstance(one, dict) and len(many) == 2 and len(one["passages"]) == 3
+    assert one["answer"] == many[0]["answer"] and one["passages"] == many[0]["passages"]
+    if one["answer"]:
+        hit = next(p for p in one["passages"] if p["passage_id"] == one["passage_id"])
+        assert hit["text"][one["start"]:one["end"]] == one["answer"] and hit["title"] == one["title"]
+    for k in (0, -1, 1.5):
+        with pytest.raises(UserError, match="k must be a whole number of at least 1"):
+            qa.ask(question, k=k)
+    with pytest.raises(UserError, match="question #1: expected a non-empty string"):
+        qa.ask([question, ""])
+    assert len(qa.ask(question, k=100)["passages"]) == 33  # k beyond the corpus: every passage, no error
 
 
 def test_one_rule_for_one_passage_or_many():
@@ -106,26 +125,142 @@ def test_two_processes_give_the_same_predictions_as_one(models, tmp_path):
     proc = qa(models, two, "--no_answer_threshold", 0.0, launcher="ddp")
     assert "processes=2" in proc.stdout
     a, b = json.load(open(f"{one}/predictions.json")), json.load(open(f"{two}/predictions.json"))
+    assert a == b  # the answers exactly
     # each process batches its own share of the (question, passage) pairs, padded to other lengths: the scores agree
     # to float32 rounding, the answers and their passages exactly
-    assert a.keys() == b.keys()
-    for i in a:
-        assert (a[i]["answer"], a[i]["passage_id"]) == (b[i]["answer"], b[i]["passage_id"]), i
-        assert a[i]["score"] == pytest.approx(b[i]["score"], rel=1e-5, abs=1e-5), i
+    da, db = ([json.loads(line) for line in open(f"{d}/details.jsonl")] for d in (one, two))
+    for x, y in zip(da, db):
+        assert (x["id"], x["passage_id"]) == (y["id"], y["passage_id"])
+        assert (x["score"] is None) == (y["score"] is None), x["id"]
+        if x["score"] is not None:
+            assert x["score"] == pytest.approx(y["score"], rel=1e-5, abs=1e-5), x["id"]
 
 
-def test_bad_inputs_are_one_line_errors(models, tmp_path):
+def test_bad_inputs_are_one_line_errors_before_anything_is_created(models, tmp_path):
     reader, retriever = models
-    base = ["--reader", reader, "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--output_dir", tmp_path / "o"]
+    out = tmp_path / "o"
+    base = ["--reader", reader, "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--output_dir", out]
     no_ids = tmp_path / "q.jsonl"
     no_ids.write_text(json.dumps({"question": "Who?"}) + "\n")
-    cases = [(["--retriever", str(tmp_path / "nowhere"), "--questions", f"{SAMPLE}/dev.json"], "nowhere: no such "
+    dev = f"{SAMPLE}/dev.json"
+    cases = [(["--retriever", str(tmp_path / "nowhere"), "--questions", dev], "nowhere: no such "
               "directory (give a retriever trained by train_dpr.py, or bm25)"),
-             (["--retriever", reader, "--questions", f"{SAMPLE}/dev.json"], "not a retriever written by train_dpr.py"),
-             (["--retriever", "bm25", "--questions", no_ids], "q.jsonl: line 1: question without an 'id'")]
+             (["--retriever", reader, "--questions", dev], "not a retriever written by train_dpr.py"),
+             (["--retriever", "bm25", "--questions", no_ids], "q.jsonl: line 1: missing key 'id'"),
+             (["--retriever", retriever, "--questions", dev, "--reader", str(tmp_path / "readr")],
+              "readr: no such directory (give a reader trained by train_reader.py"),
+             (["--retriever", retriever, "--questions", dev, "--reader", retriever],
+              "a retriever written by train_dpr.py, not a reader (no config.json)"),
+             (["--retriever", retriever, "--questions", dev, "--reader", retriever + "/query_encoder"],
+              "not a trained reader: its weights hold no question-answering head"),
+             (["--retriever", "bm25", "--questions", dev, "--max_questions", 0], "--max_questions must be at least 1"),
+             (["--retriever", "bm25", "--questions", dev, "--max_questions", -50], "--max_questions must be at least 1"),
+             (["--retriever", "bm25", "--questions", dev, "--output_dir", reader], f"holds --reader {reader}")]
     for extra, message in cases:
         assert_user_error(run_script("qa_system.py", *base, *extra, check=False), message)
-    proc = run_script("qa_system.py", "--retriever", retriever, "--reader", retriever + "/query_encoder", "--passages",
-                      f"{SAMPLE}/dpr_passages.jsonl", "--questions", f"{SAMPLE}/dev.json", "--output_dir",
-                      tmp_path / "o2", check=False)
-    assert_user_error(proc, "not a trained reader")
+        assert not out.exists() and not [n for n in os.listdir(tmp_path) if n.startswith(".")], extra
+
+
+def test_k_beyond_the_corpus_is_read_at_its_size_and_said_so(models, tmp_path):
+    out = tmp_path / "qa"
+    proc = qa(models, out, "--retriever", "bm25", "--eval_k", 1, 50, 100, "--top_k", 40, "--max_questions", 4)
+    assert "k = 40, 50, 100 beyond the 33 passages of the corpus: read at 33" in proc.stdout
+    results = json.load(open(out / "eval_results.json"))
+    assert [r["k"] for r in results["rows"]] == [1, 33] and "read at 33" in results["k_note"]
+    assert all(d["top_k"] == 33 and len(d["passages"]) == 33 for d in map(json.loads, open(out / "details.jsonl")))
+
+
+def test_a_second_run_into_the_same_output_dir_is_refused_and_an_overwrite_keeps_nothing_of_the_first(models, tmp_path):
+    out = tmp_path / "qa"
+    qa(models, out, "--top_k", 1)  # dense: writes index/
+    before = (out / "predictions.json").read_text()
+    proc = qa(models, out, "--retriever", "bm25", "--max_questions", 8, check=False)
+    assert_user_error(proc, f"{out} holds the outputs of an earlier run (by qa_system.py)")
+    assert (out / "predictions.json").read_text() == before and (out / "index").is_dir()
+    qa(models, out, "--retriever", "bm25", "--max_questions", 8, "--overwrite_output_dir")
+    assert len(json.load(open(out / "predictions.json"))) == 8
+    assert sorted(os.listdir(out)) == [".qa-amp.json", "details.jsonl", "eval_results.json", "predictions.json"]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no staging directory left
+    # an evaluation directory of the reader's is no place for the system's outputs either, nor the reverse
+    evaluated = tmp_path / "reader-eval"
+    run_script("train_reader.py", "--model_name_or_path", models[0], "--do_train", "false", "--validation_file",
+               f"{SAMPLE}/dev.json", "--output_dir", evaluated)
+    assert (evaluated / "null_scores.json").is_file()
+    assert_user_error(qa(models, evaluated, "--retriever", "bm25", check=False),
+                      f"{evaluated} holds the outputs of an earlier run (by train_reader.py)")
+    assert_user_error(run_script("train_reader.py", "--model_name_or_path", models[0], "--do_train", "false",
+                                 "--predict_file", f"{SAMPLE}/dev.json", "--output_dir", out, check=False),
+                      f"{out} holds the outputs of an earlier run (by qa_system.py)")
+    # with --overwrite_output_dir the reader's prediction run replaces the evaluation: no stale null_scores.json
+    run_script("train_reader.py", "--model_name_or_path", models[0], "--do_train", "false", "--predict_file",
+               f"{SAMPLE}/dev.json", "--output_dir", evaluated, "--overwrite_output_dir")
+    assert sorted(os.listdir(evaluated)) == [".qa-amp.json", "nbest.json", "predict_results.json", "predictions.json"]
+
+
+def test_questions_without_answers_or_contexts_are_answered_and_every_question_needs_an_id(models, tmp_path):
+    data = json.load(open(f"{SAMPLE}/dev.json"))
+    for article in data["data"]:
+        for paragraph in article["paragraphs"]:
+            for q in paragraph["qas"]:
+                q.pop("answers"), q.pop("is_impossible", None)
+    unlabelled = tmp_path / "unlabelled.json"
+    unlabelled.write_text(json.dumps(data))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"id": f"r{i}", "question": q["question"], "context": p["context"]}) + "\n"
+                            for i, (q, p) in enumerate((q, p) for a in data["data"] for p in a["paragraphs"]
+                                                       for q in p["qas"])))
+    for questions in (unlabelled, rows):
+        out = tmp_path / questions.stem
+        qa(models, out, "--retriever", "bm25", "--questions", questions, "--max_questions", 5)
+        results = json.load(open(out / "eval_results.json"))
+        assert len(json.load(open(out / "predictions.json"))) == 5 and "f1" not in results["rows"][0]
+    data["data"][0]["paragraphs"][0]["qas"][1].pop("id")
+    no_id = tmp_path / "no-id.json"
+    no_id.write_text(json.dumps(data))
+    title = data["data"][0]["title"]
+    for script, flag in (("qa_system.py", "--questions"), ("train_reader.py", "--predict_file")):
+        extra = (["--retriever", "bm25", "--reader", models[0], "--passages", f"{SAMPLE}/dpr_passages.jsonl"]
+                 if script == "qa_system.py" else ["--model_name_or_path", models[0], "--do_train", "false"])
+        proc = run_script(script, *extra, flag, no_id, "--output_dir", tmp_path / "x", check=False)
+        assert_user_error(proc, f"no-id.json: article '{title}' paragraph 0 question 1: missing key 'id'")
+
+
+def test_the_precision_reaches_both_models_and_each_output_says_what_ran(models, tmp_path):
+    out, as_trained = tmp_path / "bf16", tmp_path / "as-trained"
+    qa(models, out, "--mixed_precision", "bf16", "--max_questions", 4)
+    qa(models, as_trained, "--max_questions", 4)
+    results = json.load(open(out / "eval_results.json"))
+    assert results["precision"] == {"reader": "bf16", "retriever": "bf16", "index": "bf16"}
+    assert json.load(open(out / "index" / "index.json"))["precision"] == "bf16"
+    import numpy as np
+    bf16, fp32 = (np.load(d / "index" / "embeddings.npy") for d in (out, as_trained))
+    assert not np.array_equal(bf16, fp32) and np.allclose(bf16, fp32, atol=0.05)  # embedded under bf16 autocast
+    assert json.load(open(as_trained / "eval_results.json"))["precision"] == {"reader": "no", "retriever": "no",
+                                                                              "index": "no"}
+
+
+def test_ctrl_c_is_one_line_and_leaves_nothing_behind(models, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    out = tmp_path / "qa"
+    reader, retriever = models
+    cmd = [sys.executable, os.path.join(ROOT, "qa_system.py"), "--retriever", retriever, "--reader", reader,
+           "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--questions", f"{SAMPLE}/dev.json", "--output_dir", str(out),
+           "--eval_k", "33", "--batch_size", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    staging = tmp_path / ".qa.publishing"
+    deadline = time.time() + 120
+    while not (staging / "index" / "index.json").exists() and time.time() < deadline:  # indexed: now reading
+        time.sleep(0.02)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == "interrupted: nothing was written"
+    assert not out.exists() and os.listdir(tmp_path) == []

@@ -5,39 +5,19 @@ questions."""
 
 import math
 
-from utils.loop.errors import UserError
-from utils.loop.jsonfiles import read_json
 from utils.reader.metrics import best_null_threshold, squad_metrics
-from utils.reader.squad_data import load_squad
-from utils.reader.trained import fingerprint
 from utils.retriever.answers import answer_patterns, holds_answer, normalized
 from utils.system.answer import answer, combine
 
 
-def load_questions(path: str) -> list[dict]:
-    """Questions to answer: SQuAD v1.1/v2.0 JSON (with answers: the system is measured; their contexts are the gold
-    paragraphs), or JSON lines of {"id", "question"}. Each {"id", "question", "answers" (None: unlabelled),
-    "context" (None: unknown)}."""
-    rows = read_json(path)
-    flat = isinstance(rows, list) and rows and isinstance(rows[0], dict) and "context" not in rows[0] \
-        and "paragraphs" not in rows[0]
-    if not flat:
-        examples, _ = load_squad(path, labelled=True)
-        return [{"id": ex["id"], "question": ex["question"], "answers": ex["answers"]["text"],
-                 "context": ex["context"]} for ex in examples]
-    out, seen = [], set()
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not row["question"].strip():
-            raise UserError(f"{path}: line {i + 1}: needs a non-empty 'question'")
-        if row.get("id") is None:
-            raise UserError(f"{path}: line {i + 1}: question without an 'id'")
-        if str(row["id"]) in seen:
-            raise UserError(f"{path}: line {i + 1}: duplicate id {row['id']}")
-        seen.add(str(row["id"]))
-        out.append({"id": str(row["id"]), "question": row["question"], "answers": None, "context": None})
-    if not out:
-        raise UserError(f"{path}: no questions")
-    return out
+def labelled(questions: list[dict]) -> bool:
+    """Whether the questions carry answers (utils.reader.squad_data.load_questions: all of them or none)."""
+    return questions[0]["answers"] is not None
+
+
+def references(questions: list[dict]) -> dict:
+    """{id: its answer texts} of labelled questions ([] for an unanswerable one)."""
+    return {q["id"]: q["answers"]["text"] for q in questions}
 
 
 def combined_at(readings: list[list[dict]], k: int) -> list[dict]:
@@ -47,8 +27,7 @@ def combined_at(readings: list[list[dict]], k: int) -> list[dict]:
 
 def tune_threshold(questions: list[dict], combined: list[dict]) -> float:
     """The system threshold with the best F1 on these labelled questions (the official SQuAD v2 procedure)."""
-    refs = {q["id"]: q["answers"] for q in questions}
-    _, threshold = best_null_threshold(refs, {q["id"]: c["text"] for q, c in zip(questions, combined)},
+    _, threshold = best_null_threshold(references(questions), {q["id"]: c["text"] for q, c in zip(questions, combined)},
                                        {q["id"]: _finite(c["null_minus_best"]) for q, c in zip(questions, combined)})
     return threshold
 
@@ -59,21 +38,14 @@ def _finite(x: float) -> float:
 
 def scores(questions: list[dict], combined: list[dict], threshold: float | None) -> dict:
     """EM/F1 (total, HasAns, NoAns) of the system's answers at `threshold`."""
-    refs = {q["id"]: q["answers"] for q in questions}
-    return squad_metrics(refs, {q["id"]: answer(c, threshold) for q, c in zip(questions, combined)})
+    return squad_metrics(references(questions), {q["id"]: answer(c, threshold) for q, c in zip(questions, combined)})
 
 
 def recall(questions: list[dict], retrieved: list[list[dict]], k: int) -> float | None:
     """Share (%) of the answerable questions with a passage among their first k that holds one of their answers."""
-    hits = [any(holds_answer(normalized(p["text"]), answer_patterns(q["answers"])) for p in passages[:k])
-            for q, passages in zip(questions, retrieved) if q["answers"]]
+    hits = [any(holds_answer(normalized(p["text"]), answer_patterns(q["answers"]["text"])) for p in passages[:k])
+            for q, passages in zip(questions, retrieved) if q["answers"]["text"]]
     return 100.0 * sum(hits) / len(hits) if hits else None
-
-
-def fingerprint_of(questions: list[dict]) -> str:
-    """The questions' fingerprint as utils.reader.trained records it: whether a threshold was tuned on them."""
-    return fingerprint([{"id": q["id"], "question": q["question"], "context": q["context"] or "",
-                         "answers": {"text": q["answers"] or []}} for q in questions])
 
 
 def _answer_seconds(times: list[dict], kk: int) -> float:

@@ -5,79 +5,126 @@ answer by the one rule of utils.system.answer.
     qa = QASystem("outputs/dpr-squad", "outputs/reader-squad", passages="corpus.jsonl")   # or retriever="bm25"
     for a in qa.ask(["Who designed the Corran lighthouse?"], k=5):
         print(a["answer"] or "(no answer)", a["passage_id"], a["score"])
+    qa.ask("Who designed the Corran lighthouse?")                      # one question: its answer, not a list
 
 The retriever ranks with its recorded settings (sentence windows, the hybrid's dense weight: utils.retriever.index)
-and the reader reads with its own (windows, decoding: utils.reader.trained); the threshold is the reader's recorded
-one unless a system threshold (tuned by qa_system.py on labelled questions) is given.
+and the reader reads with its own (windows, decoding: utils.reader.trained); each runs at the precision it was
+trained at unless one is given. The threshold is the reader's recorded one unless a system threshold (tuned by
+qa_system.py on labelled questions) is given.
 """
-
-import os
 
 from utils.loop.errors import UserError
 from utils.reader.trained import Reader
 from utils.retriever.bm25 import BM25
 from utils.retriever.data import load_passages
-from utils.retriever.index import Index, Retriever, ranked_passages
+from utils.retriever.index import Index, Retriever, check_k, question_list, ranked_passages
 from utils.system.answer import answer, combine
 
 
 class QASystem:
-    def __init__(self, retriever: str, reader: str, passages=None, index: str | None = None, hybrid: bool | None = None,
-                 device: str | None = None, precision: str = "no", batch_size: int = 64, progress: bool = False):
-        """`retriever`: a directory written by train_dpr.py, or "bm25". `passages`: the corpus (a JSON-lines file or a
-        list of {"title", "text", "passage_id"}), or `index`: a saved Index of it. `hybrid`: fuse the dense ranking
-        with BM25 at the retriever's recorded weight (default: when it has one)."""
-        self.reader = Reader(reader, device=device, batch_size=batch_size, precision=precision, sort_by_length=True)
-        if retriever == "bm25":
+    def __init__(self, retriever, reader, passages=None, index=None, hybrid: bool | None = None,
+                 device: str | None = None, precision: str | None = None, batch_size: int = 64,
+                 progress: bool = False):
+        """`retriever`: a directory written by train_dpr.py (or its loaded `Retriever`), or "bm25". `reader`: a
+        directory written by train_reader.py (or its loaded `Reader`). `passages`: the corpus (a JSON-lines file or a
+        list of {"title", "text", "passage_id"}, checked by utils.retriever.data.load_passages), or `index`: an Index
+        of it (or its directory). `hybrid`: fuse the dense ranking with BM25 at the retriever's recorded weight
+        (default: when it has one). `precision`: the autocast of both models ("no", "bf16", "fp16"); default: each
+        model's own, as trained. `progress`: progress bars while indexing and reading."""
+        if (passages is None) == (index is None):
+            raise UserError("give the corpus as passages, or as an index of it (one of them)")
+        self.progress = progress
+        self.reader = reader if isinstance(reader, Reader) else Reader(
+            reader, device=device, batch_size=batch_size, precision=precision, sort_by_length=True)
+        if isinstance(retriever, str) and retriever == "bm25":
             if passages is None:
-                raise UserError("the BM25 retriever needs the passages")
-            self.passages = load_passages(passages) if isinstance(passages, str) else list(passages)
-            self.bm25, self.index, self.hybrid = BM25(self.passages), None, False
+                raise UserError("the BM25 retriever ranks passages, not a dense index: give the passages")
+            self.passages = load_passages(passages)
+            self.bm25, self.index, self.hybrid, self.retriever = BM25(self.passages), None, False, None
+            return
+        self.retriever = retriever if isinstance(retriever, Retriever) else Retriever(
+            retriever, device=device, batch_size=batch_size, precision=precision)
+        self.hybrid = self.retriever.settings.hybrid_dense_weight is not None if hybrid is None else hybrid
+        if isinstance(index, Index):
+            index.check_retriever(self.retriever, "the index given")
+            index._retriever = self.retriever
+            self.index = index
+        elif index is not None:
+            self.index = Index.load(index, self.retriever)
         else:
-            if not os.path.isdir(retriever):
-                raise UserError(f"{retriever}: no such directory (give a retriever trained by train_dpr.py, or bm25)")
-            model = Retriever(retriever, device=device, batch_size=batch_size)
-            self.hybrid = model.settings.hybrid_dense_weight is not None if hybrid is None else hybrid
-            if index is not None:
-                self.index = Index.load(index, model)
-            elif passages is not None:
-                self.index = model.index(passages, bm25=self.hybrid, progress=progress)
-            else:
-                raise UserError("give the passages (or a saved index of them)")
-            self.passages, self.bm25 = self.index.passages, None
+            self.index = self.retriever.index(passages, bm25=self.hybrid, progress=progress)
+        if self.hybrid and self.index.bm25 is None:
+            raise UserError("the index has no BM25 (built with bm25=False): give hybrid=False, or index with BM25")
+        self.passages, self.bm25 = self.index.passages, None
 
     @property
     def recorded_threshold(self) -> float | None:
         """The reader's own null threshold (0 for a QA model without reader_settings.json; None: always answer)."""
         return self.reader.settings.null_threshold
 
+    @property
+    def precisions(self) -> dict:
+        """The precision each part runs at: {"reader", "retriever", "index" (the passage vectors')}."""
+        out = {"reader": self.reader.precision}
+        if self.retriever is not None:
+            out.update(retriever=self.retriever.precision, index=self.index.built_by["precision"])
+        return out
+
     def retrieve(self, questions: list[str], k: int) -> list[list[dict]]:
         """Per question its k best passages ({"passage_id", "title", "text", "score"}), best first."""
+        questions, _ = question_list(questions), check_k(k)
         if self.bm25 is not None:
-            scores, ids, _, _ = self.bm25.search(list(questions), k)
+            scores, ids, _, _ = self.bm25.search(questions, k)
             return ranked_passages(self.passages, scores, ids)
-        return self.index.search(list(questions), k, hybrid=self.hybrid)
+        return self.index.search(questions, k, hybrid=self.hybrid)
 
     def read(self, questions: list[str], retrieved: list[list[dict]]) -> list[list[dict]]:
-        """Per question, per passage read: {"passage_id", "text" (its best span), "score", "null_score",
-        "null_minus_best"}, in retrieval order. Every (question, passage) pair goes through the reader's one
-        decoding, in batches."""
+        """Per question, per passage read: {"passage_id", "text" (its best span), "start"/"end" (its character
+        offsets in the passage; None without a span), "score", "null_score", "null_minus_best"}, in retrieval
+        order. Every (question, passage) pair goes through the reader's one decoding, in batches."""
         examples = [{"id": f"{i}:{r}", "question": q, "context": p["text"]}
                     for i, (q, passages) in enumerate(zip(questions, retrieved)) for r, p in enumerate(passages)]
-        decoded = self.reader.spans(examples) if examples else {}
-        return [[{"passage_id": p["passage_id"], "text": decoded[f"{i}:{r}"]["text"],
-                  "score": decoded[f"{i}:{r}"]["score"], "null_score": decoded[f"{i}:{r}"]["null_score"],
-                  "null_minus_best": decoded[f"{i}:{r}"]["null_minus_best"]} for r, p in enumerate(passages)]
-                for i, passages in enumerate(retrieved)]
-
-    def ask(self, questions: list[str], k: int = 5, threshold: float | None = "recorded") -> list[dict]:
-        """Per question {"answer" ("" = no answer), "passage_id", "score", "null_minus_best", "passages" (what each
-        passage read gave)}. `threshold`: the system's (default: the reader's recorded one; None: always answer)."""
-        threshold = self.recorded_threshold if threshold == "recorded" else threshold
-        readings = self.read(questions, self.retrieve(questions, k))
+        decoded = self.reader.spans(examples, progress="reading" if self.progress else None) if examples else {}
         out = []
-        for passages in readings:
-            c = combine(passages)
-            out.append({"answer": answer(c, threshold), "passage_id": c["passage_id"], "score": c["score"],
-                        "null_minus_best": c["null_minus_best"], "passages": passages})
+        for i, passages in enumerate(retrieved):
+            row = []
+            for r, p in enumerate(passages):
+                d = decoded[f"{i}:{r}"]
+                span = d["nbest"][0] if d["nbest"] else {"start": None, "end": None}
+                row.append({"passage_id": p["passage_id"], "text": d["text"], "start": span["start"],
+                            "end": span["end"], "score": d["score"], "null_score": d["null_score"],
+                            "null_minus_best": d["null_minus_best"]})
+            out.append(row)
         return out
+
+    def ask(self, questions, k=5, threshold: float | None = "recorded"):
+        """Per question {"answer" ("" = no answer), "passage_id", "title", "start"/"end" (the answer's character
+        offsets in that passage's text), "score" (None, with no passage, on an abstention), "null_minus_best",
+        "passages" (the k passages read: their ids, titles, texts, retrieval scores and what the reader found in
+        each)}. `questions`: a list of strings, or one string (then the result is its answer, not a list). `k`: the
+        passages read per question, or a list of one k per question (retrieved together at the largest: a ranking's
+        first k are the same whatever k was asked for, utils.retriever.selection). `threshold`: the system's
+        (default: the reader's recorded one; None: always answer)."""
+        one = isinstance(questions, str)
+        questions = question_list(questions)
+        ks = list(k) if isinstance(k, (list, tuple)) else [k] * len(questions)
+        if len(ks) != len(questions):
+            raise UserError(f"{len(ks)} k's for {len(questions)} questions")
+        for each in ks:
+            check_k(each)
+        threshold = self.recorded_threshold if threshold == "recorded" else threshold
+        retrieved = [hits[:each] for hits, each in zip(self.retrieve(questions, max(ks, default=1)), ks)]
+        out = [answer_of(combine(readings), threshold, passages, readings)
+               for passages, readings in zip(retrieved, self.read(questions, retrieved))]
+        return out[0] if one else out
+
+
+def answer_of(combined: dict, threshold: float | None, passages: list[dict], readings: list[dict]) -> dict:
+    """One question's answer as `QASystem.ask` gives it, from its combined view, passages and readings."""
+    text = answer(combined, threshold)
+    chosen = next((j for j, p in enumerate(passages) if p["passage_id"] == combined["passage_id"]), None) if text else None
+    hit = passages[chosen] if chosen is not None else None
+    return {"answer": text, "passage_id": hit and hit["passage_id"], "title": hit and hit["title"],
+            "start": readings[chosen]["start"] if hit else None, "end": readings[chosen]["end"] if hit else None,
+            "score": combined["score"] if hit else None, "null_minus_best": combined["null_minus_best"],
+            "passages": [{**p, "reading": r} for p, r in zip(passages, readings)]}

@@ -1,0 +1,74 @@
+"""What the QA system is built from, checked in one place for every front end (qa_system.py, serve.py): the
+retriever, the reader, the corpus (passages, or an index of them), and how they run."""
+
+import os
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from utils.loop.args import arg, check_at_least_one, check_input_files
+from utils.loop.errors import UserError
+from utils.reader.trained import Reader, check_reader_dir
+from utils.retriever.index import Index, Retriever
+from utils.retriever.settings import RetrieverSettings
+from utils.system.pipeline import QASystem
+
+
+@dataclass
+class SystemArgs:
+    retriever: str = arg(None, "A retriever trained by train_dpr.py (its output directory), or bm25.")
+    reader: str = arg(None, "A reader trained by train_reader.py (its output directory, or another local extractive "
+                            "QA model directory).")
+    passages: Optional[str] = arg(None, "The corpus: JSON lines of {title, text, passage_id}.")
+    index: Optional[str] = arg(None, "Instead of --passages: an index of the corpus (index_corpus.py, the Retriever "
+                                     "API, or the index/ of a qa_system.py run).")
+    hybrid: Optional[bool] = arg(None, "Fuse the dense ranking with BM25 at the retriever's recorded weight. "
+                                       "Default: when the retriever has one.")
+    no_answer_threshold: Optional[float] = arg(None, "The system's no-answer threshold, tuned before. Default: the "
+                                                     "reader's recorded threshold.")
+    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = arg(
+        None, "Autocast precision of the encoders and the reader. Default: each model's own, the precision it was "
+              "trained at (as trained).")
+    batch_size: int = arg(64, "Texts per forward pass (questions, passages, reader windows).")
+
+    def validate_system(self) -> None:
+        """The models and the corpus, checked before anything is loaded or created (one-line errors)."""
+        if not self.retriever or not self.reader:
+            raise UserError("give --retriever (a trained retriever or bm25) and --reader")
+        check_input_files(self, "passages")
+        check_reader_dir(self.reader)
+        if self.retriever != "bm25":
+            if not os.path.isdir(self.retriever):
+                raise UserError(f"{self.retriever}: no such directory (give a retriever trained by train_dpr.py, or "
+                                "bm25)")
+            RetrieverSettings.load(self.retriever)
+        if (self.passages is None) == (self.index is None):
+            raise UserError("give the corpus as --passages, or as a saved --index (one of them)")
+        if self.retriever == "bm25" and self.index:
+            raise UserError("--index holds dense vectors: the BM25 retriever needs --passages")
+        if self.index is not None and not os.path.isdir(self.index):
+            raise UserError(f"--index {self.index}: no such directory")
+        check_at_least_one(self, "batch_size")
+
+
+def build_system(args: SystemArgs, device: str, passages: list[dict] | None = None, index: Index | None = None,
+                 index_dir: str | None = None, main: bool = True, barrier=None, progress: bool = True) -> QASystem:
+    """The QA system from its arguments: the reader and the retriever, each loaded once, and the corpus: `index`
+    (loaded from --index), or `passages` embedded now; with `index_dir`, embedded by the `main` process alone and
+    saved there, which the others map after `barrier()`. Progress bars (indexing, reading) on the main process."""
+    progress = progress and main
+    reader = Reader(args.reader, device=device, batch_size=args.batch_size, precision=args.mixed_precision,
+                    sort_by_length=True)
+    if args.retriever == "bm25":
+        return QASystem("bm25", reader, passages=passages, progress=progress)
+    retriever = Retriever(args.retriever, device=device, batch_size=args.batch_size, precision=args.mixed_precision)
+    if index is None:
+        hybrid = retriever.settings.hybrid_dense_weight is not None if args.hybrid is None else args.hybrid
+        if index_dir is None:
+            index = retriever.index(passages, bm25=hybrid, progress=progress)
+        else:
+            if main:
+                retriever.index(passages, bm25=hybrid, progress=progress).save(index_dir)
+            if barrier is not None:
+                barrier()
+            index = index_dir
+    return QASystem(retriever, reader, index=index, hybrid=args.hybrid, progress=progress)
