@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The README's test command: set up .venv, then run the whole suite (about 10 minutes on 2 CPU cores).
+# The README's test command: set up .venv (and Debian's Chromium for the server's browser test: Playwright's own
+# browser download is not reachable), then run the whole suite (about 10 minutes on 2 CPU cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+if ! command -v chromium >/dev/null 2>&1; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 exec .venv/bin/python -m pytest -q -p no:cacheprovider tests "$@"

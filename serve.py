@@ -1,0 +1,109 @@
+"""Serve the QA system: an HTTP API and a page to ask it, answering concurrent questions in shared passes.
+
+Runbook (from the repository root, after `pip install -r requirements.txt`):
+
+  python serve.py --retriever outputs/dpr-squad --reader outputs/reader-squad --index outputs/corpus-index
+      Loads the models and the index once, then serves on http://127.0.0.1:8000 (127.0.0.1 unless --host says
+      otherwise): the page at /, `POST /ask` {"question": "..." or [...], "k": 5}, `GET /health`, the OpenAPI docs at
+      /docs. The same question gets the same answer as qa_system.py at the same threshold (the reader's recorded
+      one unless --no_answer_threshold).
+
+  python serve.py --retriever bm25 --reader outputs/reader-squad --passages corpus.jsonl --port 8080
+      BM25 over a corpus given as passages (a trained retriever embeds them at start instead).
+
+  curl -s localhost:8000/ask -H 'content-type: application/json' -d '{"question": "Who designed the lighthouse?"}'
+
+Requests that arrive within --max_wait_ms of each other are answered in one pass (up to --max_batch questions):
+under load a pass is a batch, not one question (utils/system/batcher.py; benchmarks/serve_benchmark.py measures it).
+Bad requests get a 4xx JSON error naming the field; SIGTERM (or Ctrl-C) stops taking requests, finishes the ones
+in flight and exits 0.
+"""
+
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+import uvicorn
+
+from utils.loop.args import arg, check_at_least_one, parse_args
+from utils.loop.errors import UserError, exit_on_user_error
+from utils.system.inputs import SystemArgs, build_system
+from utils.system.server import Limits, create_app
+
+logger = logging.getLogger("qa-amp")
+
+
+@dataclass
+class ServeArgs(SystemArgs):
+    host: str = arg("127.0.0.1", "Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface).")
+    port: int = arg(8000, "Port to listen on.")
+    k: int = arg(5, "Passages read per question when a request does not say.")
+    max_k: int = arg(20, "The largest k a request may ask for.")
+    max_questions: int = arg(16, "Questions one request may carry.")
+    max_question_chars: int = arg(1000, "The longest question, in characters.")
+    max_batch: int = arg(32, "Questions answered together in one pass (retrieval and reading batched); 1: one at a "
+                             "time.")
+    max_wait_ms: float = arg(5.0, "How long a pass waits for more questions to arrive before it starts.")
+
+    def validate(self) -> None:
+        self.validate_system()
+        check_at_least_one(self, "k", "max_k", "max_questions", "max_question_chars", "max_batch")
+        if self.k > self.max_k or self.max_k > 100:
+            raise UserError(f"--k ({self.k}) must be at most --max_k ({self.max_k}), and --max_k at most 100")
+        if self.max_questions > self.max_batch and self.max_batch > 1:
+            raise UserError(f"--max_questions ({self.max_questions}) must fit in one pass (--max_batch {self.max_batch})")
+        if not 0 <= self.max_wait_ms <= 1000:
+            raise UserError(f"--max_wait_ms must be between 0 and 1000 (got {self.max_wait_ms})")
+        if not 0 <= self.port < 65536:
+            raise UserError(f"--port {self.port}: not a port")
+
+
+@exit_on_user_error
+def main(argv=None):
+    # --- setup: check everything before the port is taken ----------------------------------------------
+    args = parse_args(ServeArgs, argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
+    device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
+    failure = []
+
+    def load_system():  # on the app's loading thread: /health says "loading" meanwhile
+        from utils.retriever.data import load_passages
+        from utils.retriever.index import Index
+
+        passages = load_passages(args.passages) if args.passages else None
+        index = Index.load(args.index) if args.index else None
+        return build_system(args, device, passages, index, progress=False)
+
+    def on_load_failure(message):  # nothing to serve: stop, and exit 2 as every user error does
+        failure.append(message)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    limits = Limits(k=args.k, max_k=args.max_k, max_questions=args.max_questions,
+                    max_question_chars=args.max_question_chars)
+    threshold = "recorded" if args.no_answer_threshold is None else args.no_answer_threshold
+    app = create_app(load_system, limits, args.max_batch, args.max_wait_ms / 1000, threshold, on_load_failure)
+
+    # --- serve: SIGTERM/SIGINT stop taking requests and drain the ones in flight -------------------------
+    server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                           timeout_graceful_shutdown=60))
+    server.run()
+    if failure:
+        raise UserError(failure[0])
+    if not server.started:
+        raise UserError(f"could not listen on {args.host}:{args.port} (in use?)")
+    print(f"stopped after answering {app.state.batcher.questions} questions", file=sys.stderr, flush=True)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, which on SIGTERM/SIGINT finishes the requests in flight; uvicorn then re-raises the signal
+    at exit (status 143 for SIGTERM), whereas a drained, orderly stop is a success: exit 0."""
+
+    def handle_exit(self, sig, frame):
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
+
+
+if __name__ == "__main__":
+    main()

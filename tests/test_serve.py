@@ -1,0 +1,218 @@
+"""The QA system served over HTTP, as users run it: serve.py started as a real process on a free local port, asked
+over real HTTP (the API, bad requests, a bounded load), the page driven in a real headless Chromium, and SIGTERM."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import ROOT, SAMPLE, free_port
+from utils.reader.squad_data import load_questions
+from utils.system.pipeline import QASystem
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+class Server:
+    def __init__(self, models, tmp_path, *extra):
+        reader, retriever = models
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(tmp_path / f"serve-{self.port}.log", "w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "serve.py"), "--retriever", retriever, "--reader", reader,
+             "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--port", str(self.port), *map(str, extra)],
+            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.time() + 120
+        while True:
+            status, body = self.get("/health")
+            if status == 200:
+                break
+            assert self.proc.poll() is None and time.time() < deadline, self.output()
+            assert status in (None, 503) and (body is None or body["status"] == "loading"), body
+            time.sleep(0.2)
+
+    def output(self):
+        self.log.seek(0)
+        return self.log.read()[-3000:]
+
+    def request(self, path, data=None, raw=None):
+        body = raw if raw is not None else (json.dumps(data).encode() if data is not None else None)
+        req = urllib.request.Request(self.url + path, data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+        except urllib.error.URLError:
+            return None, None
+
+    def get(self, path):
+        return self.request(path)
+
+    def ask(self, question, k=None, **extra):
+        return self.request("/ask", {"question": question, **({"k": k} if k is not None else {}), **extra})
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server(trained_models, tmp_path_factory):
+    s = Server(trained_models, tmp_path_factory.mktemp("serve"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def expected(trained_models):
+    """QASystem.ask's answers on the sample's questions, at k = 3 (what qa_system.py answers with)."""
+    questions = [q["question"] for q in load_questions(f"{SAMPLE}/dev.json")][:24]
+    qa = QASystem(trained_models[1], trained_models[0], passages=f"{SAMPLE}/dpr_passages.jsonl", device="cpu")
+    return questions, qa.ask(questions, k=3)
+
+
+def test_ask_answers_as_the_qa_system_does(server, expected):
+    questions, answers = expected
+    status, body = server.ask(questions[:8], k=3)
+    assert status == 200 and body["k"] == 3 and len(body["answers"]) == 8
+    for got, want in zip(body["answers"], answers):
+        assert got["answer"] == (want["answer"] or None) and got["passage_id"] == want["passage_id"]
+        assert [p["passage_id"] for p in got["passages"]] == [p["passage_id"] for p in want["passages"]]
+        if got["answer"]:
+            assert got["text"][got["start"]:got["end"]] == got["answer"]
+            assert got["score"] == pytest.approx(want["score"], rel=1e-5, abs=1e-5)
+        else:
+            assert got["score"] is None and got["start"] is None
+    status, one = server.ask(questions[0], k=3)  # one question as a string
+    assert status == 200 and one["answers"][0]["answer"] == body["answers"][0]["answer"]
+    status, health = server.get("/health")
+    assert status == 200 and health["ready"] and health["questions_answered"] >= 9
+    assert server.get("/openapi.json")[0] == 200
+
+
+@pytest.mark.parametrize("request_body, status, field", [
+    (b"{not json", 422, "body"),
+    (b"[1, 2]", 422, "body"),
+    (json.dumps({"k": 3}).encode(), 422, "question"),
+    (json.dumps({"question": ""}).encode(), 422, "question"),
+    (json.dumps({"question": ["Who?", "  "]}).encode(), 422, "question[1]"),
+    (json.dumps({"question": 5}).encode(), 422, "question"),
+    (json.dumps({"question": "x" * 1001}).encode(), 422, "question"),
+    (json.dumps({"question": "Who?", "k": 0}).encode(), 422, "k"),
+    (json.dumps({"question": "Who?", "k": 21}).encode(), 422, "k"),
+    (json.dumps({"question": "Who?", "k": "many"}).encode(), 422, "k"),
+    (json.dumps({"question": ["Who?"] * 17}).encode(), 413, "question"),
+], ids=["malformed", "not-an-object", "missing", "empty", "empty-in-list", "not-a-string", "too-long", "k-0", "k-21",
+        "k-text", "too-many"])
+def test_bad_requests_are_4xx_naming_the_field_and_the_server_keeps_serving(server, request_body, status, field):
+    got, body = server.request("/ask", raw=request_body)
+    assert got == status and body["field"] == field and body["error"].startswith(field), body
+    assert server.ask("Who designed the Corran lighthouse?")[0] == 200
+
+
+def test_concurrent_clients_are_answered_correctly_in_shared_passes(server, expected):
+    """16 clients x 20 questions at once: every answer right, no error, no hang; questions share passes."""
+    questions, answers = expected
+    want = {q: (a["answer"] or None, a["passage_id"]) for q, a in zip(questions, answers)}
+    before = server.get("/health")[1]
+    errors, done = [], []
+
+    def client(c):
+        for i in range(20):
+            q = questions[(c * 7 + i) % len(questions)]
+            status, body = server.ask(q, k=3)
+            if status != 200:
+                errors.append((status, body))
+                continue
+            got = body["answers"][0]
+            if (got["answer"], got["passage_id"]) != want[q]:
+                errors.append((q, got["answer"], want[q]))
+            done.append(q)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(16)]
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not any(t.is_alive() for t in threads), "a client hung"
+    assert not errors and len(done) == 320, errors[:3]
+    after = server.get("/health")[1]
+    passes = after["passes"] - before["passes"]
+    assert after["questions_answered"] - before["questions_answered"] == 320
+    assert passes < 320 / 2, f"{passes} passes for 320 questions: requests were not batched"
+    assert time.time() - t0 < 240
+
+
+def test_the_page_shows_the_answer_highlighted_in_its_passage(server, expected, tmp_path):
+    playwright = pytest.importorskip("playwright.sync_api")
+    assert os.path.exists(CHROMIUM), "Chromium is not installed (.ci/run installs Debian's chromium)"
+    questions, answers = expected
+    answered = next(i for i, a in enumerate(answers) if a["answer"])
+    abstained = next((i for i, a in enumerate(answers) if not a["answer"]), None)
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        page.fill("#question", questions[answered])
+        page.fill("#k", "3")
+        page.click("button[type=submit]")
+        page.wait_for_selector("#answer-text", timeout=60000)
+        assert page.inner_text("#answer-mark") == answers[answered]["answer"]
+        passage = page.inner_text("#answer-passage")
+        assert answers[answered]["answer"] in passage and len(passage) > len(answers[answered]["answer"])
+        assert len(page.query_selector_all("#passages li")) == 3
+        page.screenshot(path=str(tmp_path / "answer.png"), full_page=True)
+        assert (tmp_path / "answer.png").stat().st_size > 1000
+        if abstained is not None:
+            page.fill("#question", questions[abstained])
+            page.click("button[type=submit]")
+            page.wait_for_function("document.querySelector('#answer-text')?.textContent === 'No answer'")
+            assert page.query_selector("#answer-mark") is None
+        page.fill("#k", "50")  # beyond --max_k: the error in words
+        page.click("button[type=submit]")
+        page.wait_for_function("document.querySelector('#error').textContent.length > 0")
+        assert "k must be between 1 and 20" in page.inner_text("#error")
+        browser.close()
+
+
+def test_sigterm_drains_the_requests_in_flight_and_exits_0(trained_models, tmp_path):
+    s = Server(trained_models, tmp_path)
+    result = {}
+    many = [f"Who built the loom number {i}?" for i in range(16)]
+    asking = threading.Thread(target=lambda: result.update(answer=s.ask(many, k=20)))
+    asking.start()
+    time.sleep(0.3)  # the request is in flight
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=120) == 0, s.output()
+    asking.join(timeout=60)
+    status, body = result["answer"]
+    assert status == 200 and len(body["answers"]) == 16
+    assert s.get("/health") == (None, None)  # no longer listening
+    assert "stopped after answering 16 questions" in s.output()
+    s.log.close()
+
+
+def test_a_bad_start_is_a_one_line_error_and_the_default_address_is_loopback(trained_models, tmp_path):
+    from conftest import assert_user_error, run_script
+
+    reader, retriever = trained_models
+    proc = run_script("serve.py", "--retriever", retriever, "--reader", str(tmp_path / "nowhere"), "--passages",
+                      f"{SAMPLE}/dpr_passages.jsonl", check=False)
+    assert_user_error(proc, "nowhere: no such directory")
+    from serve import ServeArgs
+    assert ServeArgs.__dataclass_fields__["host"].default == "127.0.0.1"

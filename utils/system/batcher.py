@@ -1,0 +1,66 @@
+"""Questions that arrive together are answered together: the server's micro-batching.
+
+Each request puts its questions on one queue and waits. A single worker takes the first waiting request, then
+every request that arrives within `max_wait` seconds (or is already waiting) until `max_batch` questions are
+gathered, and answers them in one pass on a worker thread (retrieval and reading batched across the requests).
+While a pass runs, new requests queue up, so under load every pass is as full as `max_batch` allows: throughput is
+a batch's, not one question's, and an idle server adds at most `max_wait` to a lone question's latency. With
+`max_batch=1` each question is its own pass (what the benchmark compares against).
+"""
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+
+@dataclass
+class _Request:
+    questions: list[str]
+    k: int
+    future: asyncio.Future
+
+
+class Batcher:
+    def __init__(self, answer_many, max_batch: int, max_wait: float):
+        """`answer_many(questions, ks)`: one answer per question (with its own k), computed in one pass."""
+        self.answer_many, self.max_batch, self.max_wait = answer_many, max_batch, max_wait
+        self.queue: asyncio.Queue | None = None
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qa-pass")
+        self.passes = self.questions = 0  # counters for /health
+
+    async def ask(self, questions: list[str], k: int) -> list[dict]:
+        future = asyncio.get_running_loop().create_future()
+        await self.queue.put(_Request(questions, k, future))
+        return await future
+
+    async def run(self) -> None:
+        """The worker: forever gather a batch, answer it off the event loop, hand each request its answers."""
+        loop = asyncio.get_running_loop()
+        self.queue = self.queue or asyncio.Queue()
+        while True:
+            batch = [await self.queue.get()]
+            size = len(batch[0].questions)
+            deadline = loop.time() + self.max_wait
+            while size < self.max_batch:
+                try:
+                    nxt = self.queue.get_nowait() if loop.time() >= deadline else await asyncio.wait_for(
+                        self.queue.get(), deadline - loop.time())
+                except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                    break
+                batch.append(nxt)
+                size += len(nxt.questions)
+            questions = [q for r in batch for q in r.questions]
+            ks = [r.k for r in batch for _ in r.questions]
+            try:
+                answers = await loop.run_in_executor(self.executor, self.answer_many, questions, ks)
+            except Exception as err:  # a failed pass fails its requests, not the server
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(err)
+                continue
+            self.passes, self.questions = self.passes + 1, self.questions + len(questions)
+            first = 0
+            for r in batch:
+                if not r.future.done():  # the client may have gone
+                    r.future.set_result(answers[first:first + len(r.questions)])
+                first += len(r.questions)

@@ -1,0 +1,147 @@
+"""The QA system over HTTP (FastAPI): `POST /ask`, `GET /health`, the page at `GET /`, OpenAPI docs at `/docs`.
+
+The app loads the models and the index once, on a thread of its own, so that `/health` answers (503, "loading")
+while they load; `/ask` then answers through the micro-batcher (utils.system.batcher), with exactly
+`QASystem.ask`'s rule, threshold and settings. Every bad request is a 4xx JSON error naming the field
+(`{"error": ..., "field": ...}`) and never reaches the models.
+"""
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import BaseModel, Field
+
+from utils.loop.errors import UserError
+from utils.system.batcher import Batcher
+
+logger = logging.getLogger("qa-amp")
+PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page.html")
+
+
+class AskRequest(BaseModel):
+    question: str | list[str] = Field(description="One question, or a list of them.")
+    k: int | None = Field(None, description="Passages read per question (default: the server's --k).")
+
+
+class Limits(BaseModel):
+    k: int = 5  # default passages read
+    max_k: int = 20
+    max_questions: int = 16  # per request
+    max_question_chars: int = 1000
+
+
+class BadRequest(Exception):
+    def __init__(self, field: str, message: str, status: int = 422):
+        self.field, self.message, self.status = field, message, status
+
+
+def check_request(body: AskRequest, limits: Limits) -> tuple[list[str], int]:
+    """(questions, k) of a request, or BadRequest naming the field."""
+    questions = [body.question] if isinstance(body.question, str) else list(body.question)
+    if not questions:
+        raise BadRequest("question", "no question given")
+    if len(questions) > limits.max_questions:
+        raise BadRequest("question", f"{len(questions)} questions in one request; at most {limits.max_questions}", 413)
+    for i, q in enumerate(questions):
+        where = "question" if isinstance(body.question, str) else f"question[{i}]"
+        if not q.strip():
+            raise BadRequest(where, "empty question")
+        if len(q) > limits.max_question_chars:
+            raise BadRequest(where, f"{len(q)} characters; at most {limits.max_question_chars}")
+    k = limits.k if body.k is None else body.k
+    if not 1 <= k <= limits.max_k:
+        raise BadRequest("k", f"k must be between 1 and {limits.max_k} (got {k})")
+    return questions, k
+
+
+def public(a: dict) -> dict:
+    """One answer as the API returns it: the answer (None when the system abstains) with its score, passage and
+    character offsets, and the passages read with their retrieval scores."""
+    chosen = next((p for p in a["passages"] if p["passage_id"] == a["passage_id"]), None) if a["answer"] else None
+    return {"answer": a["answer"] or None, "score": a["score"], "passage_id": a["passage_id"],
+            "title": chosen and chosen["title"], "text": chosen and chosen["text"], "start": a["start"], "end": a["end"],
+            "passages": [{"passage_id": p["passage_id"], "title": p["title"], "text": p["text"], "score": p["score"]}
+                         for p in a["passages"]]}
+
+
+def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, threshold="recorded",
+               on_load_failure=None) -> FastAPI:
+    """`load_system()`: builds the QASystem (called once, on a thread, at start). `threshold`: QASystem.ask's.
+    `on_load_failure(message)`: what to do when loading fails (the server cannot serve)."""
+    state = {"system": None, "error": None, "started": time.time()}
+
+    def answer_many(questions: list[str], ks: list[int]) -> list[dict]:
+        return [public(a) for a in state["system"].ask(questions, ks, threshold=threshold)]
+
+    batcher = Batcher(answer_many, max_batch, max_wait)
+
+    def load() -> None:
+        try:
+            state["system"] = load_system()
+            logger.info("ready: %d passages", len(state["system"].passages))
+        except UserError as err:
+            state["error"] = str(err)
+        except Exception as err:  # noqa: BLE001 - reported, then the server stops
+            state["error"] = f"{type(err).__name__}: {err}"
+        if state["error"] and on_load_failure:
+            on_load_failure(state["error"])
+
+    @asynccontextmanager
+    async def lifespan(app):
+        batcher.queue = asyncio.Queue()
+        worker = asyncio.create_task(batcher.run())
+        threading.Thread(target=load, name="qa-load", daemon=True).start()
+        yield
+        worker.cancel()
+
+    app = FastAPI(title="qa-amp QA system", lifespan=lifespan,
+                  description="Answers questions over a corpus with a trained retriever and reader.")
+    app.state.batcher = batcher
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        if first.get("type") == "json_invalid":
+            field, message = "body", "malformed JSON: send {\"question\": \"...\", \"k\": 5}"
+        else:
+            loc = [x for x in first.get("loc", ()) if x != "body"]
+            field = str(loc[0]) if loc else "body"
+            message = {"question": "must be a string or a list of strings", "k": "must be a whole number"}.get(
+                field, first.get("msg", "invalid"))
+            if first.get("type") == "missing":
+                message = "missing"
+        return JSONResponse({"error": f"{field}: {message}", "field": field}, status_code=422)
+
+    @app.exception_handler(BadRequest)
+    async def bad(request: Request, exc: BadRequest):
+        return JSONResponse({"error": f"{exc.field}: {exc.message}", "field": exc.field}, status_code=exc.status)
+
+    @app.get("/health")
+    async def health():
+        ready = state["system"] is not None
+        body = {"ready": ready, "status": "ready" if ready else "failed" if state["error"] else "loading",
+                "error": state["error"], "passes": batcher.passes, "questions_answered": batcher.questions,
+                "uptime_seconds": round(time.time() - state["started"], 1)}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.post("/ask")
+    async def ask(body: AskRequest):
+        questions, k = check_request(body, limits)
+        if state["system"] is None:
+            return JSONResponse({"error": "the models are still loading" if not state["error"] else state["error"],
+                                 "field": None}, status_code=503)
+        answers = await batcher.ask(questions, k)
+        return {"answers": answers, "k": k}
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return FileResponse(PAGE, media_type="text/html")
+
+    return app
