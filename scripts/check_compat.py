@@ -12,8 +12,9 @@ users run on transformers 4.x. Not part of the test suite: it needs three enviro
     #    transformers <5 but works only up to 4.51.3 (4.52: DPR query tokenisation gets truncation_strategy
     #    twice; 4.53+: `SequenceSummary` is gone from transformers.modeling_utils and Haystack fails to import).
     HAYSTACK_TELEMETRY_ENABLED=False VH/bin/python scripts/check_compat.py haystack --out /tmp/compat
-    # 4. Haystack 3.x (python3 -m venv VH3; VH3/bin/pip install torch==2.13.0 "haystack-ai>=3,<4"
-    #    transformers-haystack sentence-transformers-haystack): today's Haystack, on the pinned transformers 5
+    # 4. Haystack 3.x, on the pinned stack: the README's install line (python3 -m venv VH3; VH3/bin/pip install
+    #    -c requirements.txt torch transformers "haystack-ai==3.4.*" transformers-haystack==2.0.0
+    #    sentence-transformers-haystack==2.0.0)
     HAYSTACK_TELEMETRY_ENABLED=False VH3/bin/python scripts/check_compat.py haystack3 --out /tmp/compat
 
 `train` runs the README commands: train_reader.py on the shipped sample (30 updates, fp32), then its predict mode
@@ -43,11 +44,17 @@ What is compared (embeddings and logits with atol 1e-5):
   sample's corpus for every DPR dev question, against the top 5 of the project's Retriever API; for the
   sentence-trained retrievers the documents are split into the project's sentence windows (DocumentSplitter with
   the project's split as its function) and a passage ranks by its best window. `train` records those rankings.
+  And the README's Haystack 3.x snippet, run as it stands (read from README.md, only its three paths changed) on the
+  reader and each MiniLM retriever: its top 5 passages against the Retriever API's (trained without titles) or
+  the same setting's ranking above (with titles), its answers against the Reader API's best span of any length
+  over the same top 5 passages (recorded by `train`), equal once the reader is fed the token_type_ids.
 """
 
 import argparse
+import functools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -154,6 +161,8 @@ def max_diff(a, b):
 # The train step's retrievers: the tiny BERT and the packaged MiniLM, each on whole passages and on sentences.
 # And the MiniLM one on passages without their titles (--embed_title false): what Haystack's default embeds.
 RETRIEVERS = ("dpr", "dpr-sentences", "dpr-minilm", "dpr-minilm-sentences", "dpr-minilm-text")
+# Those the README's Haystack 3.x snippet is run on: the tiny BERT's rankings are near-ties (see train).
+SNIPPET_RETRIEVERS = ("dpr-minilm", "dpr-minilm-sentences", "dpr-minilm-text")
 
 
 def retrieval_questions():
@@ -168,11 +177,11 @@ def project_retrieval(out):
     and the question embeddings: what the haystack3 step compares Haystack's pipeline with."""
     from utils.retriever import Retriever
     from utils.retriever.data import load_passages
-    from utils.retriever.sentence_windows import _SENTENCE_END, sentence_windows
+    from utils.retriever.sentence_windows import sentence_windows
 
     passages_path = os.path.join(SAMPLE, "dpr_passages.jsonl")
     questions = retrieval_questions()
-    result = {"sentence_end_pattern": _SENTENCE_END.pattern}  # the project's sentence splitting (re.split)
+    result = {}
     for name in RETRIEVERS:
         retriever = Retriever(os.path.join(out, name), device="cpu")
         index = retriever.index(passages_path, bm25=False, progress=False)
@@ -186,6 +195,28 @@ def project_retrieval(out):
             "texts": [{"title": w["title"], "text": w["text"], "passage_id": w["passage_id"]} for w in windows],
             "text_embeddings": [list(map(float, row)) for row in index.vectors.embeddings],
         }
+    return result
+
+
+def project_answers(out, retrieval):
+    """With the project's environment: for every DPR dev question and each retriever the README snippet is run on,
+    the Reader API's best span over that retriever's top 5 passages (any length, no null threshold: the rule of
+    Haystack's reader with no_answer=False; among equal scores the first passage)."""
+    from dataclasses import replace
+
+    from utils.reader import Reader
+    from utils.retriever.data import load_passages
+
+    texts = {p["passage_id"]: p["text"] for p in load_passages(os.path.join(SAMPLE, "dpr_passages.jsonl"))}
+    reader = Reader(os.path.join(out, "reader"), device="cpu")
+    reader.settings = replace(reader.settings, max_answer_length=reader.settings.max_seq_length)
+    result = {}
+    for name in SNIPPET_RETRIEVERS:
+        best = []
+        for question, hits in zip(retrieval_questions(), retrieval[name]["top5"]):
+            spans = [a["nbest"][0] for a in reader.answer([(question, texts[pid]) for pid, _ in hits]) if a["nbest"]]
+            best.append(max(spans, key=lambda span: span["score"])["text"])
+        result[name] = best
     return result
 
 
@@ -234,6 +265,7 @@ def train(out):
 
     reference = measure(out)
     reference["retrieval"] = project_retrieval(out)
+    reference["answers"] = project_answers(out, reference["retrieval"])
     for key, name in (("best_span", "reader-predict"), ("best_span_any_length", "reader-predict-any-length")):
         with open(f"{out}/{name}/nbest.json") as f:
             reference[key] = {qid: d["nbest"][0]["text"] for qid, d in json.load(f).items() if d["nbest"]}
@@ -337,6 +369,17 @@ def pair_token_types(input_ids, attention_mask, sep_token_id):
     return (((is_sep.cumsum(1) - is_sep) >= 1) & (attention_mask == 1)).long()
 
 
+class WithTokenTypes:
+    """A Haystack reader's model called with the token_type_ids train_reader.py feeds it (0 question, 1 context)."""
+
+    def __init__(self, model, sep_token_id):
+        self.model, self.sep_token_id = model, sep_token_id
+
+    def __call__(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                          token_type_ids=pair_token_types(input_ids, attention_mask, self.sep_token_id))
+
+
 def agreement(differ, total):
     return {"questions": total, "agree": total - len(differ), "differ": differ}
 
@@ -356,14 +399,6 @@ def haystack3_reader(out, reference):
     windows = {"max_seq_length": ours["max_seq_length"], "stride": ours["doc_stride"]}
     cpu = ComponentDevice.from_str("cpu")
     questions = dev_questions()
-
-    class WithTokenTypes:  # the model called with the token_type_ids train_reader.py feeds it (0 question, 1 context)
-        def __init__(self, model, sep_token_id):
-            self.model, self.sep_token_id = model, sep_token_id
-
-        def __call__(self, input_ids, attention_mask):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                              token_type_ids=pair_token_types(input_ids, attention_mask, self.sep_token_id))
 
     def top_answers(reader):
         got = {}
@@ -417,9 +452,9 @@ def haystack3_reader(out, reference):
 def haystack3_retrieval(out, reference):
     """Each retriever's query_encoder/ and passage_encoder/ in SentenceTransformersTextEmbedder /
     SentenceTransformersDocumentEmbedder, InMemoryDocumentStore and InMemoryEmbeddingRetriever over the sample's
-    corpus, against the top 5 passages the project's Retriever API ranks (recorded by the train step)."""
-    import re
-
+    corpus, against the top 5 passages the project's Retriever API ranks (recorded by the train step). Returns the
+    checks and {label: the top 5 [passage_id, score] of every question} of each setting that is not a diagnostic.
+    """
     from haystack import Document, Pipeline
     from haystack.components.preprocessors import DocumentSplitter
     from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever
@@ -428,23 +463,21 @@ def haystack3_retrieval(out, reference):
     from haystack_integrations.components.embedders.sentence_transformers import (
         SentenceTransformersDocumentEmbedder, SentenceTransformersTextEmbedder)
 
+    sys.path.insert(0, ROOT)
+    from utils.retriever.sentences import window_texts  # the project's split (standard library only)
+
     cpu = ComponentDevice.from_str("cpu")
     recorded = reference["retrieval"]
-    sentence_end = re.compile(recorded["sentence_end_pattern"])
     questions = retrieval_questions()
     with open(os.path.join(SAMPLE, "dpr_passages.jsonl")) as f:
         passages = [json.loads(line) for line in f]
     whole = [Document(content=p["text"], meta={"title": p["title"], "passage_id": p["passage_id"]}) for p in passages]
-    checks = {}
+    checks, rankings = {}, {}
 
     for name in RETRIEVERS:
         ours, directory = recorded[name], os.path.join(out, name)
         settings, n = recorded[name]["settings"], recorded[name]["settings"]["window_sentences"]
         similarity = "cosine" if settings["similarity"] == "cosine" else "dot_product"
-
-        def windows_of(text, n=n):  # the project's sentence windows (utils/retriever/sentence_windows.py)
-            parts = sentence_end.split(text.strip())
-            return [" ".join(parts[s:s + n]) for s in range(max(1, len(parts) - n + 1))]
 
         def text_embedder():
             return SentenceTransformersTextEmbedder(model=f"{directory}/query_encoder", device=cpu,
@@ -466,7 +499,8 @@ def haystack3_retrieval(out, reference):
         if n:
             project_windows = [Document(content=w["text"], meta={"title": w["title"], "passage_id": w["passage_id"],
                                                                  "window": k}) for k, w in enumerate(ours["texts"])]
-            split = DocumentSplitter(split_by="function", splitting_function=windows_of).run(whole)["documents"]
+            splitter = DocumentSplitter(split_by="function", splitting_function=lambda text, n=n: window_texts(text, n))
+            split = splitter.run(whole)["documents"]
             same = [(d.content, d.meta["passage_id"]) for d in split] == [(w["text"], w["passage_id"])
                                                                           for w in ours["texts"]]
             checks[f"{name}: DocumentSplitter(split_by='function', the project's split) = the project's windows"] = {
@@ -520,11 +554,13 @@ def haystack3_retrieval(out, reference):
                     top1 = top5 = same_set = 0
                     score_diff = 0.0  # position-wise, top-5 scores: near-tied passages may swap, scores stay
                     passage_score_diff = 0.0  # the project's top-5 passages: Haystack's score of each vs ours
+                    ranking = []
                     for q, hits in zip(questions, ours["top5"]):
                         ranked = {}  # passages by their best unit (MaxP), as the project ranks sentence windows
                         for doc in pipe.run({"embedder": {"text": q}})["retriever"]["documents"]:
                             ranked.setdefault(doc.meta["passage_id"], doc.score)
                         got, want = list(ranked)[:5], [pid for pid, _ in hits]
+                        ranking.append([[pid, ranked[pid]] for pid in got])
                         top1 += got[:1] == want[:1]
                         top5 += got == want
                         same_set += set(got) == set(want)
@@ -537,6 +573,8 @@ def haystack3_retrieval(out, reference):
                         entry["max_abs_diff vs the project's embeddings"] = max_diff(
                             [d.embedding for d in embedded], ours["text_embeddings"])
                     label = f"{name}: {unit}, {setting}"
+                    if not diagnostic:
+                        rankings[label] = ranking
                     if diagnostic:
                         # The explanation checked: with the pair's segments the Haystack pipeline embeds and ranks
                         # exactly as the project.
@@ -554,6 +592,85 @@ def haystack3_retrieval(out, reference):
                             and entry["max_abs_diff vs the project's embeddings"] <= ATOL}
                     else:
                         checks[f"note: {label} vs the project's ranking"] = {**entry, "ok": True}
+    return checks, rankings
+
+
+README_MARKER = "<!-- scripts/check_compat.py haystack3 runs the next block"
+
+
+def readme_snippet():
+    """The README's Haystack 3.x snippet: the ```python block after README_MARKER."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    found = re.search(re.escape(README_MARKER) + r".*?-->\s*```python\n(.*?)\n```", readme, re.S)
+    if not found:
+        sys.exit(f"README.md: no ```python block after {README_MARKER!r}")
+    return found.group(1)
+
+
+def run_snippet(reader_dir, retriever_dir, corpus):
+    """Runs the README snippet as it stands with its three paths replaced; returns its variables (ask, query...)."""
+    code = readme_snippet()
+    for path, value in (("outputs/reader", reader_dir), ("outputs/dpr", retriever_dir),
+                        ("data/sample/dpr_passages.jsonl", corpus)):
+        if code.count(f'"{path}"') != 1:
+            sys.exit(f"README snippet: expected the path \"{path}\" once")
+        code = code.replace(f'"{path}"', json.dumps(value))
+    sys.path.insert(0, ROOT)  # its one import from the project (it says: the project's root on the path)
+    namespace = {"__name__": "readme_haystack3"}
+    exec(compile(code, "README.md (Haystack 3.x snippet)", "exec"), namespace)
+    return namespace
+
+
+def haystack3_readme(out, reference, rankings):
+    """The README snippet on the reader and each MiniLM retriever, its results checked against what the steps above
+    compare: its top 5 passages (by best window) against the Retriever API's where Haystack embeds what the project
+    does (trained without titles), else against the ranking measured above for the snippet's setting; its answers
+    against the Reader API's best span over the project's top 5 (the same passages where the rankings agree): a
+    note, as the reader sees no token_type_ids, and exactly once it is fed them (the diagnostic)."""
+    recorded, questions = reference["retrieval"], retrieval_questions()
+
+    def compare(ranking, want):  # rankings: [[passage_id, score] x 5] per question
+        ids = lambda r: [[pid for pid, _ in hits] for hits in r]  # noqa: E731
+        return {"questions": len(questions),
+                "identical top-5": sum(a == b for a, b in zip(ids(ranking), ids(want))) / len(questions),
+                "identical top-1": sum(a[:1] == b[:1] for a, b in zip(ids(ranking), ids(want))) / len(questions),
+                "max top-5 score difference (position-wise)": max(
+                    max_diff([s for _, s in a], [s for _, s in b]) for a, b in zip(ranking, want))}
+
+    def answers_vs_reader_api(ask, want):
+        return agreement({q: {"Haystack": a, "Reader API": w} for q, w in zip(questions, want)
+                          if (a := ask(q)[0].data) != w}, len(questions))
+
+    checks = {}
+    for name in SNIPPET_RETRIEVERS:
+        ours, label = recorded[name], f"{name}: README snippet"
+        print(f"{label}:", flush=True)
+        snippet = run_snippet(os.path.join(out, "reader"), os.path.join(out, name),
+                              os.path.join(SAMPLE, "dpr_passages.jsonl"))
+        ask = functools.cache(snippet["ask"])
+        ranking = [[[d.meta["passage_id"], d.score] for d in ask(q)[1]] for q in questions]
+        entry = compare(ranking, ours["top5"])
+        if not ours["settings"]["embed_title"]:
+            checks[f"{label}: top 5 passages = the project's ranking"] = {
+                **entry, "ok": entry["max top-5 score difference (position-wise)"] <= SCORE_TOL}
+        else:  # the setting measured above, with the saved tokenizer's separator: the same ranking
+            unit = "DocumentSplitter(split_by='function')" if ours["settings"]["window_sentences"] else "whole passages"
+            measured = f"{name}: {unit}, meta_fields_to_embed=['title'], embedding_separator=' {snippet['sep']} '"
+            same = compare(ranking, rankings[measured])
+            ok = same["identical top-5"] == 1 and same["max top-5 score difference (position-wise)"] <= ATOL
+            checks[f"{label}: top 5 passages = {measured}"] = {**same, "ok": ok}
+            checks[f"note: {label} vs the project's ranking"] = {**entry, "ok": True}
+
+        want = reference["answers"][name]
+        checks[f"note: {label}: answers vs the Reader API over the project's top 5"] = {
+            **answers_vs_reader_api(ask, want), "ok": True}
+        if not ours["settings"]["embed_title"]:  # the same passages: fed the segments, the same answers
+            reader = snippet["query"].get_component("reader")
+            reader.model = WithTokenTypes(reader.model, reader.tokenizer.sep_token_id)
+            entry = answers_vs_reader_api(snippet["ask"], want)
+            checks[f"{label}: answers + token_type_ids (diagnostic) = the Reader API over the project's top 5"] = {
+                **entry, "ok": not entry["differ"]}
     return checks
 
 
@@ -562,7 +679,8 @@ def haystack3(out):
     the reader in TransformersExtractiveReader, both retrievers' sentence-transformers directories in the
     SentenceTransformers embedders with InMemoryDocumentStore and InMemoryEmbeddingRetriever."""
     reference = load_reference(out)
-    checks = {**haystack3_reader(out, reference), **haystack3_retrieval(out, reference)}
+    retrieval_checks, rankings = haystack3_retrieval(out, reference)
+    checks = {**haystack3_reader(out, reference), **retrieval_checks, **haystack3_readme(out, reference, rankings)}
     return {"step": "haystack3", "checks": checks,
             "versions": versions("haystack-ai", "transformers-haystack", "sentence-transformers-haystack", "torch",
                                  "transformers", "tokenizers", "huggingface_hub", "sentence-transformers")}

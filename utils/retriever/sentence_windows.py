@@ -3,17 +3,12 @@ encoded with its passage's title and carrying its passage's key. One vector per 
 SQuAD-style question is about; a passage then ranks by its best window (MaxP), and training pairs each question
 with the window of its passage that holds its answer."""
 
-import re
-
 import numpy as np
 
 from utils.retriever.answers import answer_patterns, holds_answer, normalized
 from utils.retriever.bm25 import terms
 from utils.retriever.data import passage_key, text_key
-
-# A sentence ends at . ! or ? followed by space and a capital, digit, quote or bracket: good enough for Wikipedia-style
-# prose (an abbreviation such as "U.S. Army" may split a sentence in two, which costs a window, not a passage).
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
+from utils.retriever.sentences import window_texts
 
 
 def sentence_windows(passages: list[dict], sentences: int) -> tuple[list[dict], np.ndarray]:
@@ -25,11 +20,10 @@ def sentence_windows(passages: list[dict], sentences: int) -> tuple[list[dict], 
         return passages, np.arange(len(passages))
     windows, owner = [], []
     for i, p in enumerate(passages):
-        parts = _SENTENCE_END.split(p["text"].strip())
         key = passage_key(p)
-        for s in range(max(1, len(parts) - sentences + 1)):
-            windows.append({"title": p["title"], "text": " ".join(parts[s:s + sentences]),
-                            "passage_id": p.get("passage_id"), "passage_key": key, "window": s})
+        for s, text in enumerate(window_texts(p["text"], sentences)):  # the split, utils.retriever.sentences
+            windows.append({"title": p["title"], "text": text, "passage_id": p.get("passage_id"), "passage_key": key,
+                            "window": s})
             owner.append(i)
     return windows, np.asarray(owner, dtype=np.int64)
 
