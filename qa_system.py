@@ -41,7 +41,7 @@ from utils.loop.errors import UserError, exit_on_user_error
 from utils.loop.jsonfiles import json_line, write_json
 from utils.loop.output_dir import prepare_output_dir, publish_dir
 from utils.loop.process import finish
-from utils.reader.squad_data import load_questions
+from utils.squad.files import load_questions
 from utils.reader.trained import fingerprint
 from utils.retriever.data import load_passages
 from utils.retriever.index import Index

@@ -49,7 +49,8 @@ from utils.loop.run import run
 from utils.reader.decoding import MODEL_INPUTS
 from utils.reader.evaluate_or_predict import evaluate_or_predict
 from utils.reader.negatives import with_negative_passages
-from utils.reader.squad_data import is_impossible, load_train_and_dev
+from utils.reader.squad_data import load_train_and_dev
+from utils.squad.files import is_impossible
 from utils.reader.task import ReaderTask, prepare_eval_set
 from utils.reader.trained import ReaderSettings, load_qa_model
 from utils.reader.windows import check_tokenizer

@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from utils.reader.squad_data import load_questions  # noqa: E402
+from utils.squad.files import load_questions  # noqa: E402
 from utils.system.answer import combine  # noqa: E402
 from utils.system.measure import scores, tune_threshold  # noqa: E402
 

@@ -102,7 +102,7 @@ def main():
     args = p.parse_args()
 
     from conftest import free_port
-    from utils.reader.squad_data import load_questions
+    from utils.squad.files import load_questions
 
     questions = [q["question"] for q in load_questions(args.questions, need_context=False)]
     rows, reference, memory = [], None, {}

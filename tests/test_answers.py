@@ -1,12 +1,12 @@
-"""One answer matcher (utils.retriever.answers) for the converter, sentence windows and refreshed negatives: SQuAD-normalised
+"""One answer matcher (utils.squad.answers) for the converter, sentence windows and refreshed negatives: SQuAD-normalised
 text, whole tokens only, so that one- and two-character answers do not match inside words."""
 
 import json
 
 import numpy as np
 
-from utils.reader.squad_data import load_squad
-from utils.retriever.answers import answer_patterns, holds_answer, normalized
+from utils.squad.files import load_squad
+from utils.squad.answers import answer_patterns, holds_answer, normalized
 from utils.retriever.make_dpr_data import build
 from utils.retriever.negatives import select_negatives
 from utils.retriever.sentence_windows import training_windows

@@ -43,7 +43,7 @@ def test_the_crossfit_rescoring_reads_passages_without_a_span(tmp_path):
     are the -inf span and +inf null score qa_system.py computed, not a crash."""
     import json
 
-    from utils.reader.squad_data import load_questions
+    from utils.squad.files import load_questions
 
     questions = load_questions(f"{SAMPLE}/dev.json")
     run = tmp_path / "qa"

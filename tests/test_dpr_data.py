@@ -6,8 +6,8 @@ import pytest
 from conftest import SAMPLE
 
 from utils.loop.errors import UserError
-from utils.reader.squad_data import load_squad
-from utils.retriever.answers import answer_patterns, holds_answer, normalized
+from utils.squad.files import load_squad
+from utils.squad.answers import answer_patterns, holds_answer, normalized
 from utils.retriever.data import evaluation_corpus, load_dpr, load_passages, passage_key, training_passages
 from utils.retriever.make_dpr_data import build
 from utils.retriever.make_dpr_data import main as convert

@@ -3,7 +3,7 @@
 import pytest
 from conftest import SAMPLE
 
-from utils.reader.squad_data import load_squad
+from utils.squad.files import load_squad
 from utils.reader.windows import prepare_eval_features, prepare_train_features, truncate_questions
 
 

@@ -8,8 +8,8 @@ import numpy as np
 
 from conftest import SAMPLE, assert_same_weights, assert_user_error, run_killed_at_checkpoint, run_script
 from utils.reader.negatives import epoch_negatives, negative_pools
-from utils.reader.squad_data import load_squad
-from utils.retriever.answers import answer_patterns, holds_answer, normalized
+from utils.squad.files import load_squad
+from utils.squad.answers import answer_patterns, holds_answer, normalized
 from utils.retriever.data import load_passages
 
 

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from conftest import ROOT, SAMPLE, free_port
-from utils.reader.squad_data import load_questions
+from utils.squad.files import load_questions
 from utils.system.pipeline import QASystem
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -12,7 +12,7 @@ from utils.loop.jsonfiles import write_json
 from utils.loop.output_dir import publish_dir
 from utils.loop.process import finish
 from utils.reader.decoding import apply_null_threshold
-from utils.reader.squad_data import is_impossible, load_questions, load_squad
+from utils.squad.files import is_impossible, load_questions, load_squad
 from utils.reader.task import ReaderTask, prepare_eval_set
 from utils.reader.trained import ReaderSettings, fingerprint, load_qa_model
 

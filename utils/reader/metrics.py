@@ -8,17 +8,9 @@ prediction is "". Scores are reported in percent for all questions, HasAns and N
 F1 (or EM) on this data.
 """
 
-import re
-import string
 from collections import Counter
 
-_DROP_PUNCT = str.maketrans("", "", string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
-
-
-def normalize_answer(s: str) -> str:
-    """Lower case, ASCII punctuation removed, the articles a/an/the removed, whitespace collapsed."""
-    return " ".join(_ARTICLES.sub(" ", s.lower().translate(_DROP_PUNCT)).split())
+from utils.squad.answers import normalize_answer
 
 
 def exact_match(gold: str, pred: str) -> int:

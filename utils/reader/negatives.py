@@ -10,14 +10,14 @@ seed and the epoch, so a resumed run draws what the interrupted one would have.
 
 import numpy as np
 
-from utils.retriever.answers import answer_patterns, holds_answer, normalized
+from utils.squad.answers import answer_patterns, holds_answer, normalized
 
 POOL_PER_NEGATIVE = 4  # a question's pool: this many candidates per negative drawn each epoch
 
 
 def negative_pools(examples: list[dict], passages: list[dict], count: int, retriever_dir: str | None = None) -> list[list[int]]:
     """Per example, the indices of its `POOL_PER_NEGATIVE x count` best-ranked passages that are not its own
-    paragraph and hold none of its answer strings (utils.retriever.answers: normalised, whole tokens)."""
+    paragraph and hold none of its answer strings (utils.squad.answers: normalised, whole tokens)."""
     pool, depth = POOL_PER_NEGATIVE * count, POOL_PER_NEGATIVE * count + 20
     questions = [ex["question"] for ex in examples]
     if retriever_dir is None:

@@ -5,7 +5,7 @@
 Every paragraph becomes a passage (passage_id "Title#paragraph_index"). Every answerable question
 becomes a DPR example: its own paragraph as the positive, the top BM25 paragraphs (question as the
 query, ranked with the bm25s library) that contain none of its answer strings as hard negatives,
-and random paragraphs without an answer string as negatives (answers matched as in utils.retriever.answers: normalised,
+and random paragraphs without an answer string as negatives (answers matched as in utils.squad.answers: normalised,
 on token boundaries). Unanswerable questions have no
 positive and are left out.
 """
@@ -17,8 +17,8 @@ import random
 import sys
 
 from utils.loop.errors import UserError, exit_on_user_error
-from utils.reader.squad_data import load_squad
-from utils.retriever.answers import answer_patterns, holds_answer, normalized
+from utils.squad.files import load_squad
+from utils.squad.answers import answer_patterns, holds_answer, normalized
 from utils.retriever.bm25 import BM25
 
 

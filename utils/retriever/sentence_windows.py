@@ -5,7 +5,7 @@ with the window of its passage that holds its answer."""
 
 import numpy as np
 
-from utils.retriever.answers import answer_patterns, holds_answer, normalized
+from utils.squad.answers import answer_patterns, holds_answer, normalized
 from utils.retriever.bm25 import terms
 from utils.retriever.data import passage_key, text_key
 from utils.retriever.sentences import window_texts

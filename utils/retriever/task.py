@@ -25,7 +25,7 @@ from utils.loop.grad_cache import grad_cache_step
 from utils.loop.jsonfiles import json_line
 from utils.loop.process import bare_model
 from utils.loop.task import Task
-from utils.retriever.answers import normalized
+from utils.squad.answers import normalized
 from utils.retriever.data import key_hash, passage_key, text_key, unique_passages
 from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
 from utils.retriever.evaluation import RetrievalEvaluation

@@ -6,12 +6,12 @@ questions."""
 import math
 
 from utils.reader.metrics import best_null_threshold, squad_metrics
-from utils.retriever.answers import answer_patterns, holds_answer, normalized
+from utils.squad.answers import answer_patterns, holds_answer, normalized
 from utils.system.answer import answer, combine
 
 
 def labelled(questions: list[dict]) -> bool:
-    """Whether the questions carry answers (utils.reader.squad_data.load_questions: all of them or none)."""
+    """Whether the questions carry answers (utils.squad.files.load_questions: all of them or none)."""
     return questions[0]["answers"] is not None
 
 
