@@ -110,6 +110,21 @@ def peak_memory_mb(accelerator) -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux reports KiB
 
 
+def machine_kind(device) -> dict:
+    """What a run's numbers depend on besides code, data and flags: CPU results are bit-identical from run to run
+    only on the same kind of CPU (its bf16 kernels: AMX, AVX512-BF16) with the same number of torch threads."""
+    if device.type != "cpu":
+        return {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type}
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        pass
+    bf16 = "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "none or unknown"
+    return {"torch_threads": torch.get_num_threads(), "cpu_bf16": bf16}
+
+
 def finish(accelerator) -> None:
     """End of a run: every process reaches this point before trackers close and the process group goes.
 

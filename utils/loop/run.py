@@ -9,7 +9,7 @@ from utils.loop.fit import LoopState, Plan, evaluate_without_grad, fit, plan_ste
 from utils.loop.jsonfiles import write_json
 from utils.loop.optim import build_scheduler, optimizer_name
 from utils.loop.output_dir import publish_dir
-from utils.loop.process import bare_model, finish, full_state_dict, peak_memory_mb
+from utils.loop.process import bare_model, finish, full_state_dict, machine_kind, peak_memory_mb
 from utils.loop.task import Task
 
 
@@ -55,4 +55,6 @@ def run_summary(accelerator, optimizer, plan: Plan, state: LoopState, final: dic
             f"train_{samples_name}_per_second": round(state.samples_seen / seconds, 2),
             "train_tokens_per_second": round(state.tokens_seen / seconds, 1),
             "precision": accelerator.mixed_precision, "optimizer": optimizer_name(optimizer),
-            "processes": accelerator.num_processes, "peak_memory_mb": peak_memory_mb(accelerator)}
+            "processes": accelerator.num_processes, "peak_memory_mb": peak_memory_mb(accelerator),
+            **machine_kind(accelerator.device)}
+

@@ -12,6 +12,7 @@ evaluation (utils.retriever.evaluation) and the outputs (sentence-transformers a
 rankings.jsonl).
 """
 
+import hashlib
 import logging
 import os
 import time
@@ -170,10 +171,13 @@ class DPRTask(Task):
         new = select_negatives(ranked, self.train, self.data.passages, old.shape[1], old, self.data.normalized_texts)
         self.data.question_passages[:, 1:] = new
         changed = int(sum(len(set(n) - set(o)) for n, o in zip(new.tolist(), old.tolist())))
+        # Which negatives, not only how many changed: two runs agree on a refresh iff their fingerprints agree.
+        fingerprint = hashlib.blake2b(np.ascontiguousarray(new, dtype=np.int64).tobytes(), digest_size=6).hexdigest()
         seconds = round(time.perf_counter() - t0, 1)
-        logger.info("refreshed hard negatives (%s): %d of %d changed; %d passages encoded, %.1f s", when, changed,
-                    old.size, len(self.data.passages), seconds)
-        self.data.refreshes.append({"when": when, "changed": changed, "of": int(old.size), "seconds": seconds})
+        logger.info("refreshed hard negatives (%s): %d of %d changed (fingerprint %s); %d passages encoded, %.1f s",
+                    when, changed, old.size, fingerprint, len(self.data.passages), seconds)
+        self.data.refreshes.append({"when": when, "changed": changed, "of": int(old.size), "fingerprint": fingerprint,
+                                    "seconds": seconds})
         self.accelerator.log({"train/negatives_changed": changed})
 
     # --- evaluation, saving ---
