@@ -83,6 +83,14 @@ def run_script(script, *args, launcher=None, env=None, check=True, timeout=600):
     return proc
 
 
+def as_from_a_shell():
+    """preexec_fn for a child that must see Ctrl-C as a user's shell delivers it: the test runner's workers ignore
+    SIGINT, a child inherits that, and Python then installs no KeyboardInterrupt handler."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_killed_at_checkpoint(script, args, out, step):
     """Start `script`, SIGKILL it as soon as checkpoints/step_<step> exists; assert it really died mid-run."""
     import signal

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from accelerate import Accelerator
-from conftest import ROOT, assert_user_error, run_killed_at_checkpoint, run_script
+from conftest import ROOT, as_from_a_shell, assert_user_error, run_killed_at_checkpoint, run_script
 
 from utils.loop.output_dir import MARKER, prepare_output_dir, publish_dir, read_marker
 
@@ -126,7 +126,8 @@ def test_ctrl_c_is_one_line_that_says_how_to_resume(tiny_bert_dir, tmp_path):
     out = str(tmp_path / "out")
     cmd = [sys.executable, os.path.join(ROOT, "train_reader.py"),
            *map(str, tiny_reader(tiny_bert_dir, out, "--max_train_steps", 400, "--checkpointing_steps", 3))]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_from_a_shell)
     deadline = time.time() + 120
     while not os.path.isdir(os.path.join(out, "checkpoints", "step_3")) and time.time() < deadline:
         time.sleep(0.05)

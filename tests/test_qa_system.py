@@ -245,7 +245,7 @@ def test_ctrl_c_is_one_line_and_leaves_nothing_behind(models, tmp_path):
     import sys
     import time
 
-    from conftest import ROOT
+    from conftest import ROOT, as_from_a_shell
 
     out = tmp_path / "qa"
     reader, retriever = models
@@ -253,7 +253,7 @@ def test_ctrl_c_is_one_line_and_leaves_nothing_behind(models, tmp_path):
            "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--questions", f"{SAMPLE}/dev.json", "--output_dir", str(out),
            "--eval_k", "33", "--batch_size", "1"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=as_from_a_shell)
     staging = tmp_path / ".qa.publishing"
     deadline = time.time() + 120
     while not (staging / "index" / "index.json").exists() and time.time() < deadline:  # indexed: now reading

@@ -75,12 +75,12 @@ def _refusal(args, mode: str) -> str | None:
                 "--output_dir, or --overwrite_output_dir to replace its contents")
     marker = marker or {}
     by = marker.get("script", "an earlier run")
-    if marker.get("state") == "published" and (mode != "train" or args.resume_from_checkpoint is None):
-        return (f"{out} holds a trained model (published by {by}): give another --output_dir, or "
-                "--overwrite_output_dir to replace it")
     if mode == "train" and checkpoints and args.resume_from_checkpoint is None:
         return (f"{out} holds checkpoints of an earlier run; pass --resume_from_checkpoint latest to continue it, "
                 "or --overwrite_output_dir to start over")
+    if marker.get("state") == "published" and (mode != "train" or args.resume_from_checkpoint is None):
+        return (f"{out} holds a trained model (published by {by}): give another --output_dir, or "
+                "--overwrite_output_dir to replace it")
     if mode == "evaluate" and checkpoints:
         return (f"{out} holds checkpoints of a training run: give another --output_dir, or --overwrite_output_dir "
                 "to replace them")
