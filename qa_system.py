@@ -89,11 +89,15 @@ class QAArgs(SystemArgs):
 def answer_all(accelerator, system: QASystem, questions: list[dict], k: int, bands: list[int]) -> tuple:
     """(retrieved, readings, seconds): this process's share of the questions retrieved at k and read band by band
     (passages 1..bands[0], then up to bands[1], ...), so the time to answer with each band's k is measured exactly;
-    gathered on every process."""
-    with accelerator.split_between_processes(questions) as mine:
+    gathered on every process. With an index whose shards are spread over the processes, every process retrieves
+    every question from its shards (a collective; the results merged), then reads its share."""
+    spread = system.index is not None and system.index.distributed
+    t0 = time.perf_counter()
+    everything = system.retrieve([q["question"] for q in questions], k) if spread else None
+    with accelerator.split_between_processes(list(range(len(questions)))) as share:
+        mine = [questions[i] for i in share]
         texts = [q["question"] for q in mine]
-        t0 = time.perf_counter()
-        retrieved = system.retrieve(texts, k) if texts else []
+        retrieved = [everything[i] for i in share] if spread else system.retrieve(texts, k) if texts else []
         seconds = {"retrieval": time.perf_counter() - t0}
         readings = [[] for _ in mine]
         first = 0
@@ -138,24 +142,23 @@ def main(argv=None):
             raise UserError(f"{args.validation_file}: the threshold is tuned on labelled questions (SQuAD JSON with "
                             "answers)")
     same_file = validation is not None and fingerprint(validation) == fingerprint(questions)
-    passages = load_passages(args.passages) if args.passages else None
-    index = Index.load(args.index) if args.index else None  # checked against the retriever once it is loaded
-    corpus = len(passages) if passages is not None else index.vectors.count
-    bands, top_k, clamped = clamp_k(args, corpus)
-    bands = sorted(set(bands) | {top_k})
-    k = bands[-1]
     accelerator.print(f"qa: retriever={args.retriever} reader={args.reader} questions={len(questions)} "
-                      f"passages={corpus} k={bands} processes={accelerator.num_processes}"
-                      + (f"\nqa: {clamped}" if clamped else ""))
+                      f"corpus={args.passages or args.index} processes={accelerator.num_processes}")
+    share = (accelerator.process_index, accelerator.num_processes)
+    # each process maps only its share of the index's shards and searches them (checked against the retriever)
+    index = Index.load(args.index, share=share) if args.index else None
+    passages = load_passages(args.passages) if args.retriever == "bm25" else None
 
     with publish_dir(accelerator, args.output_dir, state="evaluated") as out:  # all outputs at the end, or none
-        device = "cuda" if accelerator.device.type == "cuda" else "cpu"
-        system = build_system(args, device, passages, index, index_dir=None if index else os.path.join(out, "index"),
-                              main=accelerator.is_main_process, barrier=accelerator.wait_for_everyone)
+        system = build_system(args, accelerator, passages, index, index_dir=os.path.join(out, "index"))
+        bands, top_k, clamped = clamp_k(args, len(system.passages))
+        bands = sorted(set(bands) | {top_k})
+        k = bands[-1]
         ranking = "hybrid with BM25" if system.hybrid else "dense" if system.index else "BM25"
         precisions = system.precisions
-        accelerator.print(f"qa: ranking {ranking}; precision " + ", ".join(f"{part} {p}" for part, p in precisions.items())
-                          + (" (as trained)" if args.mixed_precision is None else ""))
+        accelerator.print(f"qa: {len(system.passages)} passages, ranking {ranking}, k={bands}; precision "
+                          + ", ".join(f"{part} {p}" for part, p in precisions.items())
+                          + (" (as trained)" if args.mixed_precision is None else "") + (f"\nqa: {clamped}" if clamped else ""))
 
         # --- answer ------------------------------------------------------------------------------------
         retrieved, readings, times = answer_all(accelerator, system, questions, k, bands)

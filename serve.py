@@ -65,7 +65,6 @@ def main(argv=None):
     # --- setup: check everything before the port is taken ----------------------------------------------
     args = parse_args(ServeArgs, argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
-    device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
     failure = []
 
     def load_system():  # on the app's loading thread: /health says "loading" meanwhile
@@ -74,7 +73,7 @@ def main(argv=None):
 
         passages = load_passages(args.passages) if args.passages else None
         index = Index.load(args.index) if args.index else None
-        return build_system(args, device, passages, index, progress=False)
+        return build_system(args, None, passages, index, progress=False)
 
     def on_load_failure(message):  # nothing to serve: stop, and exit 2 as every user error does
         failure.append(message)

@@ -43,7 +43,7 @@ from utils.loop.errors import UserError, exit_on_user_error
 from utils.loop.optim import build_optimizer
 from utils.loop.process import setup
 from utils.loop.run import run
-from utils.retriever.bi_encoder import load_bi_encoder, sentence_transformers_defaults
+from utils.retriever.bi_encoder import bi_encoder_of, sentence_transformers_defaults
 from utils.retriever.data import evaluation_data, load_dpr, training_passages
 from utils.retriever.encoding import load_tokenizers
 from utils.retriever.evaluate_only import evaluate_only
@@ -77,6 +77,9 @@ class DPRArgs(TrainArgs):
     validation_file: Optional[str] = arg(None, "DPR JSON for evaluation. Default: the shipped sample's dev file.")
     passages: Optional[str] = arg(None, "Corpus to rank at evaluation (JSON lines of title/text/passage_id). "
                                         "Default: the sample's corpus on the sample; else every context of the dev file.")
+    index: Optional[str] = arg(None, "With --do_train false, instead of --passages: an index of the corpus built by "
+                                     "index_corpus.py with this retriever; each process searches its share of the "
+                                     "shards.")
     window_sentences: int = arg(
         0, "Retrieve windows of N consecutive sentences (each encoded with its passage's title), not whole passages: "
         "each question trains against the window of its positive passage that holds its answer, with windows as "
@@ -153,6 +156,10 @@ class DPRArgs(TrainArgs):
             raise UserError("give --validation_file (DPR JSON) to evaluate retrieval")
         if self.num_hard_negatives < 0:
             raise UserError("--num_hard_negatives must be >= 0")
+        if self.index is not None and (self.do_train or self.passages):
+            raise UserError("--index is for --do_train false, instead of --passages")
+        if self.index is not None and not os.path.isdir(self.index):
+            raise UserError(f"--index {self.index}: no such directory")
         if self.window_sentences < 0:
             raise UserError("--window_sentences must be >= 0 (0: whole passages)")
         if self.temperature is not None and self.temperature <= 0:
@@ -192,7 +199,8 @@ def main(argv=None):
                       f"{'shared' if args.shared_encoder else 'separate'} hard_negatives={args.num_hard_negatives}")
 
     # --- data ----------------------------------------------------------------------------------------
-    q_tok, p_tok = load_tokenizers(args)
+    q_tok, p_tok = load_tokenizers(args.query_model_name_or_path, args.passage_model_name_or_path,
+                                   args.shared_encoder, args.max_query_length, args.max_passage_length)
     dev, corpus, dev_passages = evaluation_data(args)
     if not args.do_train:
         return evaluate_only(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages)
@@ -221,7 +229,7 @@ def main(argv=None):
                               generator=torch.Generator().manual_seed(args.seed))  # see train_reader.py
 
     # --- model ---------------------------------------------------------------------------------------
-    model = load_bi_encoder(args)
+    model = bi_encoder_of(args)
     if args.export_dpr and model.query_encoder.config.model_type != "bert":
         raise UserError(f"--export_dpr needs BERT-architecture encoders (got {model.query_encoder.config.model_type})")
     optimizer = build_optimizer(model, args, accelerator.device)

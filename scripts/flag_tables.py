@@ -1,4 +1,4 @@
-"""Print the README's four flag tables from the scripts' argument dataclasses, so the manual says what --help says.
+"""Print the README's flag tables from the scripts' argument dataclasses, so the manual says what --help says.
 
     python scripts/flag_tables.py          # paste over the tables in README.md (tests/test_configs_and_docs.py checks)
 """
@@ -10,13 +10,16 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from index_corpus import IndexArgs  # noqa: E402
 from qa_system import QAArgs  # noqa: E402
+from serve import ServeArgs  # noqa: E402
 from train_dpr import DPRArgs  # noqa: E402
 from train_reader import ReaderArgs  # noqa: E402
 from utils.loop.args import TrainArgs, packaged_minilm  # noqa: E402
 
 INTROS = {"shared": "Shared flags (both scripts):", "reader": "Reader flags:",
-          "dpr": "DPR flags (plus the shared flags above):", "qa": "QA system flags (`qa_system.py`, its own):"}
+          "dpr": "DPR flags (plus the shared flags above):", "qa": "QA system flags (`qa_system.py`, its own):",
+          "serve": "Server flags (`serve.py`, its own):", "index": "Index flags (`index_corpus.py`, its own):"}
 
 
 def default(f) -> str:
@@ -41,7 +44,8 @@ def tables() -> dict[str, str]:
     shared = [f.name for f in dataclasses.fields(TrainArgs)]
     own = lambda cls: [f for f in dataclasses.fields(cls) if f.name not in shared]  # noqa: E731
     return {INTROS["shared"]: table(dataclasses.fields(TrainArgs)), INTROS["reader"]: table(own(ReaderArgs)),
-            INTROS["dpr"]: table(own(DPRArgs)), INTROS["qa"]: table(dataclasses.fields(QAArgs))}
+            INTROS["dpr"]: table(own(DPRArgs)), INTROS["qa"]: table(dataclasses.fields(QAArgs)),
+            INTROS["serve"]: table(dataclasses.fields(ServeArgs)), INTROS["index"]: table(dataclasses.fields(IndexArgs))}
 
 
 if __name__ == "__main__":

@@ -53,7 +53,9 @@ def flag_tables(text: str) -> dict[str, list[str]]:
 
 
 def test_every_flag_is_in_the_table_of_the_script_that_has_it():
+    from index_corpus import IndexArgs
     from qa_system import QAArgs
+    from serve import ServeArgs
     from train_dpr import DPRArgs
     from train_reader import ReaderArgs
     from utils.loop.args import TrainArgs
@@ -63,12 +65,14 @@ def test_every_flag_is_in_the_table_of_the_script_that_has_it():
     want = {"Shared flags (both scripts):": shared,
             "Reader flags:": {f.name for f in dataclasses.fields(ReaderArgs)} - shared,
             "DPR flags (plus the shared flags above):": {f.name for f in dataclasses.fields(DPRArgs)} - shared,
-            "QA system flags (`qa_system.py`, its own):": {f.name for f in dataclasses.fields(QAArgs)}}
+            "QA system flags (`qa_system.py`, its own):": {f.name for f in dataclasses.fields(QAArgs)},
+            "Server flags (`serve.py`, its own):": {f.name for f in dataclasses.fields(ServeArgs)},
+            "Index flags (`index_corpus.py`, its own):": {f.name for f in dataclasses.fields(IndexArgs)}}
     assert {intro: sorted(tables.get(intro, [])) for intro in want} == {k: sorted(v) for k, v in want.items()}
 
 
 def test_the_readme_flag_tables_say_what_help_says():
-    """The four tables are generated from the argument dataclasses (scripts/flag_tables.py): a help text changed
+    """The tables are generated from the argument dataclasses (scripts/flag_tables.py): a help text changed
     without the manual fails here."""
     import subprocess
     import sys

@@ -233,7 +233,8 @@ def test_the_precision_reaches_both_models_and_each_output_says_what_ran(models,
     assert results["precision"] == {"reader": "bf16", "retriever": "bf16", "index": "bf16"}
     assert json.load(open(out / "index" / "index.json"))["precision"] == "bf16"
     import numpy as np
-    bf16, fp32 = (np.load(d / "index" / "embeddings.npy") for d in (out, as_trained))
+    from utils.retriever.index import Index
+    bf16, fp32 = (np.asarray(Index.load(str(d / "index")).shards[0].embeddings) for d in (out, as_trained))
     assert not np.array_equal(bf16, fp32) and np.allclose(bf16, fp32, atol=0.05)  # embedded under bf16 autocast
     assert json.load(open(as_trained / "eval_results.json"))["precision"] == {"reader": "no", "retriever": "no",
                                                                               "index": "no"}

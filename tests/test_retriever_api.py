@@ -15,7 +15,8 @@ from conftest import SAMPLE, assert_user_error, run_script
 from utils.loop.errors import UserError
 from utils.retriever.bm25 import BM25
 from utils.retriever.data import load_dpr, load_passages
-from utils.retriever.index import Index, Retriever
+from utils.retriever.index import Index
+from utils.retriever.retriever import Retriever
 
 FLAGS = ["--per_device_train_batch_size", 8, "--num_hard_negatives", 1]  # the in-batch rank depends on them
 
@@ -87,7 +88,7 @@ def test_the_api_ranks_as_the_training_run_did_and_the_index_round_trips(trained
     questions = [q["question"] for q in dev]
     retriever = Retriever(trained, device="cpu")
     index = retriever.index(f"{SAMPLE}/dpr_passages.jsonl", progress=False)
-    assert len(index.vectors.embeddings) > 2 * len(index.passages)  # sentence windows, as trained
+    assert len(index.shards[0].embeddings) > 2 * len(index.passages)  # sentence windows, as trained
     dense = index.search(questions, k=20)
     assert [[h["passage_id"] for h in hits] for hits in dense] == [r["top20"] for r in rankings(trained)]
 
@@ -99,11 +100,11 @@ def test_the_api_ranks_as_the_training_run_did_and_the_index_round_trips(trained
 
     index.save(str(tmp_path / "index"))
     loaded = Index.load(str(tmp_path / "index"))
-    assert isinstance(loaded.vectors.embeddings, np.memmap)
+    assert isinstance(loaded.shards[0].embeddings, np.memmap)
     assert loaded.search(questions, k=20) == dense and loaded.search(questions, k=50, hybrid=True) == hybrid
 
     half = retriever.index(load_passages(f"{SAMPLE}/dpr_passages.jsonl"), dtype="float16", bm25=False, progress=False)
-    assert half.vectors.embeddings.dtype == np.float16
+    assert half.shards[0].embeddings.dtype == np.float16
     every = len(index.passages)
     exact, near = (dict(((i, h["passage_id"]), h["score"]) for i, hits in enumerate(x.search(questions, k=every))
                         for h in hits) for x in (index, half))
@@ -149,12 +150,14 @@ def test_a_malformed_or_mismatched_index_or_retriever_is_a_one_line_error(traine
         json.dump(m, open(d / "index.json", "w"))
 
     broken(lambda d: os.remove(d / "index.json"), "not an index (no index.json)")
-    broken(lambda d: meta(d, dimension=768), "embeddings.npy is float32")
-    broken(lambda d: (meta(d, dimension=48), np.save(d / "embeddings.npy", np.zeros((json.load(open(
-        d / "index.json"))["vectors"], 48), np.float32))), "48-dimensional vectors, but")
+    broken(lambda d: meta(d, dimension=768), "shard-00000/vectors.bin holds")
+    broken(lambda d: (meta(d, dimension=48), np.zeros((json.load(open(d / "index.json"))["vectors"], 48), np.float32)
+                      .tofile(d / "shard-00000" / "vectors.bin")), "48-dimensional vectors, but")
     broken(lambda d: meta(d, settings={**json.load(open(d / "index.json"))["settings"], "window_sentences": 2}),
            "built with other settings than")
-    broken(lambda d: os.remove(d / "owner.npy"), "owner.npy is missing")
+    broken(lambda d: os.remove(d / "shard-00000" / "owner.bin"), "shard-00000/owner.bin is missing")
+    broken(lambda d: meta(d, complete=False), "the index is not complete")
+    broken(lambda d: meta(d, format=2), "index format 2, this version reads 3: index the corpus again")
     no_settings = tmp_path / "no-settings"
     shutil.copytree(trained, no_settings)
     os.remove(no_settings / "retriever_settings.json")
@@ -190,11 +193,11 @@ def test_saving_an_index_destroys_nothing_that_is_not_an_index_and_replaces_an_i
     smaller.passages[-1] = {**smaller.passages[-1], "title": object()}
     with pytest.raises(TypeError):
         smaller.save(str(target), overwrite=True)
-    assert Index.load(str(target)).vectors.count == 33
+    assert Index.load(str(target)).count == 33
     smaller.passages[-1]["title"] = "t"
     smaller.save(str(target), overwrite=True)
-    assert sorted(os.listdir(target)) == ["embeddings.npy", "index.json", "owner.npy", "passages.jsonl"]  # no bm25/
-    assert Index.load(str(target)).vectors.count == 5
+    assert sorted(os.listdir(target)) == ["index.json", "shard-00000"]  # no bm25/
+    assert Index.load(str(target)).count == 5
     assert sorted(os.listdir(tmp_path)) == ["index", "notes.txt", "reader"]  # no staging directory left behind
 
 
@@ -244,8 +247,8 @@ def test_the_api_takes_one_question_as_a_string_and_refuses_bad_k_and_bad_corpor
     with pytest.raises(UserError, match="BM25 needs at least one passage"):
         BM25([])
     index.save(str(tmp_path / "index"))
-    os.remove(tmp_path / "index" / "embeddings.npy")
-    with pytest.raises(UserError, match="embeddings.npy is missing"):
+    os.remove(tmp_path / "index" / "shard-00000" / "vectors.bin")
+    with pytest.raises(UserError, match="shard-00000/vectors.bin is missing"):
         Index.load(str(tmp_path / "index"))
 
 

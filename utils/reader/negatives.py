@@ -25,7 +25,7 @@ def negative_pools(examples: list[dict], passages: list[dict], count: int, retri
 
         _, ranked, _, _ = BM25(passages).search(questions, depth)
     else:
-        from utils.retriever.index import Retriever
+        from utils.retriever.retriever import Retriever
 
         index = {p["passage_id"]: i for i, p in enumerate(passages)}
         hits = Retriever(retriever_dir).index(passages, bm25=False).search(questions, depth)

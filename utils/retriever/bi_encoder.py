@@ -91,14 +91,20 @@ class BiEncoder(nn.Module):
                 self.embed("passage", passage) if passage is not None else None)
 
 
-def load_bi_encoder(args) -> BiEncoder:
-    """The bi-encoder `args` describes (encoders, sharing, pooling, similarity, length buckets); a one-line error
-    when an encoder cannot be loaded."""
+def bi_encoder_of(args) -> BiEncoder:
+    """The bi-encoder train_dpr.py's flags describe."""
+    return load_bi_encoder(args.query_model_name_or_path, args.passage_model_name_or_path, args.shared_encoder,
+                           args.pooling, args.similarity, args.length_buckets)
+
+
+def load_bi_encoder(query_path: str, passage_path: str, shared: bool, pooling: str, similarity: str,
+                    length_buckets: int = 1) -> BiEncoder:
+    """The bi-encoder (encoders, sharing, pooling, similarity, length buckets); a one-line error when an encoder
+    cannot be loaded."""
     from utils.loop.errors import UserError
 
     try:
-        return BiEncoder.from_pretrained(args.query_model_name_or_path, args.passage_model_name_or_path,
-                                         args.shared_encoder, args.pooling, args.similarity == "cosine",
-                                         getattr(args, "length_buckets", 1))
+        return BiEncoder.from_pretrained(query_path, passage_path, shared, pooling, similarity == "cosine",
+                                         length_buckets)
     except (OSError, ValueError) as err:
         raise UserError(f"cannot load an encoder ({str(err).splitlines()[0]})") from None

@@ -7,6 +7,8 @@ it (the passage itself, or one of its sentence windows) by its text key.
 """
 
 import hashlib
+import json
+import os
 
 import numpy as np
 
@@ -69,18 +71,80 @@ def load_passages(passages) -> list[dict]:
     out, seen = [], {}
     for i, row in enumerate(rows):
         where = f"line {lines[i]}" if lines else f"passage #{i}"
-        if not isinstance(row, dict):
-            raise UserError(f"{source}: {where}: expected a {{title, text, passage_id}} object, got {type(row).__name__}")
-        ident = row.get("passage_id")
-        if ident is None or not str(ident).strip():
-            raise UserError(f"{source}: {where}: " + ("missing 'passage_id'" if ident is None else
-                                                      f"empty 'passage_id' {ident!r}"))
-        p = _check_ctx(row, source, f"{where} (passage_id {ident!r})")
+        p = check_passage(row, source, where)
         if p["passage_id"] in seen:
             raise UserError(f"{source}: {where}: duplicate passage_id {p['passage_id']!r} (first at {seen[p['passage_id']]})")
         seen[p["passage_id"]] = where
         out.append(p)
     return out
+
+
+def check_passage(row, source: str, where: str) -> dict:
+    """One passage of a corpus as every consumer sees it, or a one-line UserError naming the source, the place and
+    the id (the rule of `load_passages`; `stream_passages` applies it line by line)."""
+    if not isinstance(row, dict):
+        raise UserError(f"{source}: {where}: expected a {{title, text, passage_id}} object, got {type(row).__name__}")
+    ident = row.get("passage_id")
+    if ident is None or not str(ident).strip():
+        raise UserError(f"{source}: {where}: " + ("missing 'passage_id'" if ident is None else
+                                                  f"empty 'passage_id' {ident!r}"))
+    return _check_ctx(row, source, f"{where} (passage_id {ident!r})")
+
+
+def byte_ranges(path: str, parts: int) -> list[tuple[int, int]]:
+    """`parts` contiguous byte ranges of a file, each starting at a line: a process's share of a JSON-lines corpus,
+    found without reading the file (a range may be empty in a tiny file)."""
+    size = os.path.getsize(path)
+    cuts = [0]
+    with open(path, "rb") as f:
+        for i in range(1, parts):
+            f.seek(max(cuts[-1], size * i // parts))
+            if f.tell() > 0:
+                f.seek(f.tell() - 1)
+                f.readline()  # to the start of the next line
+            cuts.append(max(cuts[-1], f.tell()))
+    cuts.append(size)
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def stream_passages(path: str, start: int, stop: int, first_line: int = 1):
+    """(passage, raw line, line number) of the JSON-lines corpus between two byte offsets (`byte_ranges`), checked
+    one by one as `load_passages` checks them (uniqueness of the ids is the caller's: it spans the whole corpus).
+    `first_line`: the number of the range's first line, where known, for the errors."""
+    if path.endswith(".json") and start == 0:
+        with open(path, "rb") as f:
+            head = f.read(1).strip() or f.read(64).strip()[:1]
+        if head == b"[":
+            raise UserError(f"{path}: a JSON list: give the corpus as JSON lines (one passage per line) to index it "
+                            "in shards")
+    with open(path, "rb") as f:
+        f.seek(start)
+        number = first_line
+        while f.tell() < stop:
+            raw = f.readline()
+            if not raw:
+                break
+            if raw.strip():
+                try:
+                    row = json.loads(raw)
+                except ValueError as err:
+                    raise UserError(f"{path}: line {number}: not valid JSON ({err})") from None
+                yield check_passage(row, path, f"line {number}"), raw, number
+            number += 1
+
+
+def count_lines(path: str, start: int, stop: int) -> int:
+    """Newlines between two byte offsets: how many lines precede a range (for its line numbers)."""
+    count, position = 0, start
+    with open(path, "rb") as f:
+        f.seek(start)
+        while position < stop:
+            block = f.read(min(1 << 24, stop - position))
+            if not block:
+                break
+            count += block.count(b"\n")
+            position += len(block)
+    return count
 
 
 def passage_key(ctx: dict) -> str:
@@ -155,8 +219,14 @@ def evaluation_data(args) -> tuple[list[dict], list[dict], list[list[dict]]]:
     dev = load_dpr(args.validation_file)
     if args.max_eval_samples:
         dev = dev[: args.max_eval_samples]
-    corpus, added = evaluation_corpus(dev, load_passages(args.passages) if args.passages else None)
+    if getattr(args, "index", None):  # the passages of a built index (checked when it was built), in its order
+        from utils.retriever.index import Index
+
+        passages = list(Index.load(args.index).passages)
+    else:
+        passages = load_passages(args.passages) if args.passages else None
+    corpus, added = evaluation_corpus(dev, passages)
     if added:
         logging.getLogger("qa-amp").warning("%d gold passages of the dev file are not in %s; added them to the ranked "
-                                            "corpus", added, args.passages)
+                                            "corpus", added, args.index or args.passages)
     return dev, corpus, training_passages(dev, args.num_hard_negatives, args.seed)

@@ -33,36 +33,36 @@ class Tokenized:
                           for i in indices], pad_token_id)
 
 
-def load_tokenizers(args) -> tuple:
-    """(question tokenizer, passage tokenizer) of the encoders `args` names (one, shared, with --shared_encoder), with
-    the length flags checked against what the encoders can take."""
+def load_tokenizers(query_path: str, passage_path: str, shared: bool, max_query_length: int,
+                    max_passage_length: int) -> tuple:
+    """(question tokenizer, passage tokenizer) of the encoders (one, with `shared`), with the lengths checked
+    against what the encoders can take."""
     from transformers import AutoTokenizer
 
     from utils.loop.args import check_max_length
     from utils.loop.errors import UserError
 
-    passage_model = args.query_model_name_or_path if args.shared_encoder else args.passage_model_name_or_path
+    passage_path = query_path if shared else passage_path
     try:
-        q_tok = AutoTokenizer.from_pretrained(args.query_model_name_or_path)
-        p_tok = q_tok if args.shared_encoder else AutoTokenizer.from_pretrained(passage_model)
+        q_tok = AutoTokenizer.from_pretrained(query_path)
+        p_tok = q_tok if shared else AutoTokenizer.from_pretrained(passage_path)
     except (OSError, ValueError) as err:
         raise UserError(f"cannot load a tokenizer ({str(err).splitlines()[0]})") from None
-    check_max_length(args.query_model_name_or_path, q_tok, max_query_length=args.max_query_length)
-    check_max_length(passage_model, p_tok, max_passage_length=args.max_passage_length)
+    check_max_length(query_path, q_tok, max_query_length=max_query_length)
+    check_max_length(passage_path, p_tok, max_passage_length=max_passage_length)
     return q_tok, p_tok
 
 
-def tokenize_questions(tokenizer, questions: list[str], args) -> Tokenized:
-    return Tokenized(lambda qs: tokenizer(qs, truncation=True, max_length=args.max_query_length), questions)
+def tokenize_questions(tokenizer, questions: list[str], max_length: int) -> Tokenized:
+    return Tokenized(lambda qs: tokenizer(qs, truncation=True, max_length=max_length), questions)
 
 
-def tokenize_passages(tokenizer, ctxs: list[dict], args) -> Tokenized:
-    """Passages as the pair (title, text) (text cut first), or text alone without --embed_title."""
-    if args.embed_title:
+def tokenize_passages(tokenizer, ctxs: list[dict], max_length: int, embed_title: bool) -> Tokenized:
+    """Passages as the pair (title, text) (text cut first), or text alone without `embed_title`."""
+    if embed_title:
         return Tokenized(lambda cs: tokenizer([c["title"] for c in cs], [c["text"] for c in cs],
-                                              truncation="only_second", max_length=args.max_passage_length), ctxs)
-    return Tokenized(lambda cs: tokenizer([c["text"] for c in cs], truncation=True,
-                                          max_length=args.max_passage_length), ctxs)
+                                              truncation="only_second", max_length=max_length), ctxs)
+    return Tokenized(lambda cs: tokenizer([c["text"] for c in cs], truncation=True, max_length=max_length), ctxs)
 
 
 def encoding_loader(accelerator, tokenized: Tokenized, side: str, pad_token_id: int, batch_size: int):

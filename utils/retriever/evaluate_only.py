@@ -1,7 +1,8 @@
 """`train_dpr.py --do_train false`: a trained retriever evaluated on any DPR file and corpus, ranking exactly as its
 training run did (retriever_settings.json): dense, BM25, and the hybrid at the recorded dense weight, next to the
 hybrid at a weight tuned on this very file (an upper bound). Several processes work: each encodes and searches its
-shard of the corpus."""
+shard of the corpus, or, with --index (index_corpus.py), searches its share of the index's shards, no process
+holding all vectors."""
 
 import os
 
@@ -9,24 +10,36 @@ import torch
 
 from utils.loop.jsonfiles import json_line, write_json
 from utils.loop.output_dir import publish_dir
-from utils.loop.process import finish
-from utils.retriever.bi_encoder import load_bi_encoder
+from utils.loop.process import bare_model, finish
+from utils.retriever.bi_encoder import bi_encoder_of
 from utils.retriever.evaluation import RetrievalEvaluation
 from utils.retriever.settings import RetrieverSettings
 
 
 def evaluate_only(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages) -> None:
     settings = RetrieverSettings.load(args.model_name_or_path)
-    model = accelerator.prepare(load_bi_encoder(args))
+    model = accelerator.prepare(bi_encoder_of(args))
     model.eval()
+    index_shards, indexed, index_precision = None, 0, None
+    if args.index:  # this process's share of the shards, checked against the retriever being evaluated
+        from utils.retriever.index import Index
+        from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, encoder_fingerprint
+
+        index = Index.load(args.index, share=(accelerator.process_index, accelerator.num_processes))
+        encoder = os.path.join(args.model_name_or_path, QUERY_ENCODER if settings.shared_encoder else PASSAGE_ENCODER)
+        index.check_encoder(os.path.abspath(args.model_name_or_path), settings, encoder_fingerprint(encoder),
+                            bare_model(accelerator, model).query_encoder.config.hidden_size, args.index)
+        index_shards, indexed, index_precision = index.shards, index.count, index.built_by["precision"]
     evaluation = RetrievalEvaluation(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages,
-                                     recorded_weight=settings.hybrid_dense_weight)
+                                     recorded_weight=settings.hybrid_dense_weight, index_shards=index_shards,
+                                     indexed=indexed)
     with torch.no_grad():
         result = evaluation(model)
     m = result["metrics"]
     accelerator.print(
         f"{args.validation_file}: {len(dev)} questions, {len(corpus)} passages; encoders at precision "
-        f"{accelerator.mixed_precision}{' (as trained)' if accelerator.mixed_precision == settings.precision else ''}\n"
+        f"{accelerator.mixed_precision}{' (as trained)' if accelerator.mixed_precision == settings.precision else ''}"
+        + (f"; passages from the index {args.index} (embedded at {index_precision})" if args.index else "") + "\n"
         f"  dense:  top1 {m['top1']:.1f} top5 {m['top5']:.1f} top20 {m['top20']:.1f} MRR@10 {m['mrr@10']:.3f} "
         f"mean rank {m['mean_rank']:.1f}\n"
         f"  BM25:   top1 {m['bm25_top1']:.1f} top5 {m['bm25_top5']:.1f} top20 {m['bm25_top20']:.1f} MRR@10 "
@@ -43,6 +56,7 @@ def evaluate_only(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages) ->
                 f.writelines(json_line(r) + "\n" for r in result["rankings"])
         write_json(accelerator, os.path.join(out, "eval_results.json"),
                    {"model": args.model_name_or_path, "file": args.validation_file, "passages": args.passages,
+                    "index": args.index, "index_precision": index_precision,
                     "corpus_passages": len(corpus), "metrics": m, "processes": accelerator.num_processes,
                     "precision": accelerator.mixed_precision, "precision_as_trained": settings.precision,
                     "note": "hybrid_*: cross-fitted on this file; hybrid_recorded_*: at the retriever's recorded dense "

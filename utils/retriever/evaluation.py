@@ -25,8 +25,8 @@ from utils.retriever.fusion import (CANDIDATES, convex_fusion, cross_fitted_rank
                                     reciprocal_rank_fusion, tune_dense_weight)
 from utils.retriever.loss import batch_ranks
 from utils.retriever.ranking import retrieval_metrics
-from utils.retriever.search import Vectors, dense_search, score_passages
-from utils.retriever.shards import max_scores, shard, summed_counts
+from utils.retriever.search import Vectors, dense_search, score_passages, score_shards
+from utils.retriever.shards import shard, summed_counts
 from utils.retriever.sentence_windows import sentence_windows
 
 logger = logging.getLogger("qa-amp")
@@ -37,8 +37,12 @@ class RetrievalEvaluation:
     sentence windows with --window_sentences), BM25 over all of it, and the dev questions' training-style batches
     for the in-batch rank."""
 
-    def __init__(self, accelerator, args, q_tok, p_tok, dev, corpus, dev_passages, recorded_weight=None):
-        """`recorded_weight`: also rank the hybrid at this dense weight (a trained retriever's: `hybrid_recorded_*`)."""
+    def __init__(self, accelerator, args, q_tok, p_tok, dev, corpus, dev_passages, recorded_weight=None,
+                 index_shards=None, indexed: int = 0):
+        """`recorded_weight`: also rank the hybrid at this dense weight (a trained retriever's: `hybrid_recorded_*`).
+        `index_shards`: this process's shards of an index of the corpus's first `indexed` passages (utils.retriever.
+        index), searched instead of embedding them; the rest of the corpus (gold passages the index lacks) is
+        embedded by the last process."""
         self.accelerator, self.args, self.recorded_weight = accelerator, args, recorded_weight
         self.dev, self.corpus, self.dev_passages = dev, corpus, dev_passages
         self.p_pad = p_tok.pad_token_id
@@ -46,20 +50,27 @@ class RetrievalEvaluation:
         # each gold passage once: a positive listed twice must not count against itself in the ranks
         self.gold = [list(dict.fromkeys(index[passage_key(c)] for c in q["positive_ctxs"])) for q in dev]
         self.gold_ids = _padded(self.gold)
-        self.shard = shard(len(corpus), accelerator.process_index, accelerator.num_processes)
+        self.index_shards = index_shards or []
+        if index_shards is None:  # each process embeds its shard of the corpus
+            self.shard = shard(len(corpus), accelerator.process_index, accelerator.num_processes)
+        else:
+            last = accelerator.process_index == accelerator.num_processes - 1
+            self.shard = range(indexed, len(corpus) if last else indexed)
         windows, owner = sentence_windows(corpus[self.shard.start:self.shard.stop], args.window_sentences)
         self.shard_owner = owner if args.window_sentences else None
-        self.shard_tokens = tokenize_passages(p_tok, windows, args)
+        self.shard_tokens = tokenize_passages(p_tok, windows, args.max_passage_length, args.embed_title)
         # The passages of the dev questions' training-style batches that the corpus lacks (their hard negatives,
         # say) are encoded too, on every process, for the in-batch rank only: the ranked corpus stays the one given.
         extra = unique_passages(c for g in dev_passages for c in g if passage_key(c) not in index)
         extra_windows, self.extra_owner = sentence_windows(extra, args.window_sentences)
-        self.extra_tokens = tokenize_passages(p_tok, extra_windows, args) if extra else None
+        self.extra_tokens = (tokenize_passages(p_tok, extra_windows, args.max_passage_length, args.embed_title)
+                             if extra else None)
         # where each in-batch passage's embedding is: (corpus id, None), or (None, id among the extra ones)
         self.in_batch_ids = {passage_key(c): (index[passage_key(c)], None)
                              for g in dev_passages for c in g if passage_key(c) in index}
         self.in_batch_ids.update({passage_key(c): (None, i) for i, c in enumerate(extra)})
-        self.question_loader = encoding_loader(accelerator, tokenize_questions(q_tok, [q["question"] for q in dev], args),
+        self.question_loader = encoding_loader(accelerator, tokenize_questions(q_tok, [q["question"] for q in dev],
+                                                                                  args.max_query_length),
                                                "query", q_tok.pad_token_id, args.per_device_eval_batch_size)
         self.bm25 = BM25(corpus)
         self.questions = shard(len(dev), accelerator.process_index, accelerator.num_processes)  # BM25's share
@@ -68,16 +79,17 @@ class RetrievalEvaluation:
         acc, device = self.accelerator, self.accelerator.device
         q_emb = encode(acc, model, self.question_loader, "query", len(self.dev)).to(device)
         bare, bs = bare_model(acc, model), self.args.per_device_eval_batch_size
-        vectors = Vectors(encode_texts(bare, self.shard_tokens, "passage", self.p_pad, bs, device),
-                          self.shard_owner, len(self.shard), self.shard.start)
-        self._warn_nan(q_emb, vectors.embeddings)
+        vectors = self.index_shards + ([Vectors(encode_texts(bare, self.shard_tokens, "passage", self.p_pad, bs, device),
+                                                self.shard_owner, len(self.shard), self.shard.start)]
+                                       if len(self.shard) else [])
+        self._warn_nan(q_emb, vectors)
         dense_s, dense_i, ranks = dense_search(q_emb, vectors, CANDIDATES, self.gold_ids)
         # BM25, a share of the questions on each process: its own top passages, and its scores of the dense ones.
         mine = self.questions
         lex_s, lex_i, lex_ranks, lex_of_dense = (np.concatenate(parts) for parts in zip(*gather_object([
             self.bm25.search([q["question"] for q in self.dev[mine.start:mine.stop]], CANDIDATES,
                              self.gold[mine.start:mine.stop], dense_i[mine.start:mine.stop])])))
-        dense_of_lex = max_scores(score_passages(q_emb, vectors, lex_i), device)
+        dense_of_lex = score_shards(q_emb, vectors, lex_i, distributed=True)
         candidates = gather_candidates(dense_s, dense_i, lex_s, lex_i, lex_of_dense, dense_of_lex)
         # The hybrid's metrics mean the same in both modes: `hybrid_*` cross-fitted (each half of the questions fused
         # with the weight tuned on the other half: an estimate), `hybrid_tuned_*` at the weight tuned on all of them
@@ -103,15 +115,17 @@ class RetrievalEvaluation:
                     for q, r, b, h, f, t in zip(self.dev, ranks, lex_ranks, at_weight, rrf_ranks, dense_i)]
         return {"metrics": metrics, "rankings": rankings}
 
-    def _warn_nan(self, q_emb, w_emb) -> None:
-        local = np.array([int(w_emb.isnan().any(1).sum())]) if len(w_emb) else np.zeros(1, np.int64)
+    def _warn_nan(self, q_emb, vectors: list[Vectors]) -> None:
+        # the vectors embedded now (an index's were checked when it was built)
+        local = np.array([sum(int(v.embeddings.isnan().any(1).sum()) for v in vectors
+                              if isinstance(v.embeddings, torch.Tensor))])
         bad_passages = int(summed_counts(local, self.accelerator.device)[0])
         bad_questions = int(q_emb.isnan().any(1).sum())
         if bad_questions or bad_passages:
             logger.warning("NaN embeddings of %d dev questions and %d corpus texts (a diverged encoder?): their scores "
                            "rank last", bad_questions, bad_passages)
 
-    def in_batch_rank(self, q_emb: torch.Tensor, vectors: Vectors, bare) -> float:
+    def in_batch_rank(self, q_emb: torch.Tensor, vectors: list[Vectors], bare) -> float:
         """Haystack's in-batch metric: the positive's rank among the passages of its training-style global batch
         (the batch's positives and hard negatives, each scored by its best window), averaged over dev questions."""
         device = q_emb.device
@@ -126,7 +140,7 @@ class RetrievalEvaluation:
             in_corpus, in_extra = zip(*(self.in_batch_ids[passage_key(c)] for c in ctxs))
             rows = len(self.dev[s:s + bs])
             corpus_ids = np.tile([-1 if i is None else i for i in in_corpus], (rows, 1))
-            scores = max_scores(score_passages(q_emb[s:s + bs], vectors, corpus_ids), device)
+            scores = score_shards(q_emb[s:s + bs], vectors, corpus_ids, distributed=True)
             if extra is not None:
                 extra_ids = np.tile([-1 if i is None else i for i in in_extra], (rows, 1))
                 scores = np.maximum(scores, score_passages(q_emb[s:s + bs], extra, extra_ids))

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from utils.retriever.selection import KBest
-from utils.retriever.shards import max_scores, merged_top_k, summed_counts
+from utils.retriever.shards import max_scores, merge_columns, merged_top_k, summed_counts
 
 
 QUERY_BLOCK = 16384  # queries scored together: each block of vectors is read once per this many queries
@@ -245,15 +245,46 @@ def score_passages(queries: torch.Tensor, vectors: Vectors, ids: np.ndarray, que
     return out
 
 
-def dense_search(queries: torch.Tensor, vectors: Vectors, k: int, gold_ids: np.ndarray | None = None
+def dense_search(queries: torch.Tensor, vectors, k: int, gold_ids: np.ndarray | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(scores, ids, gold ranks) over the whole collection, whichever shard of it this process holds: each query's
-    k best passages and, with `gold_ids` (query x ids, -1 padded), the rank of its best gold passage (1 + the other
-    passages scoring at least as high). A collective under several processes: every process calls it."""
+    """(scores, ids, gold ranks) over the whole collection, whichever shards of it this process holds (`vectors`:
+    one Vectors or a list): each query's k best passages and, with `gold_ids` (query x ids, -1 padded), the rank of
+    its best gold passage (1 + the other passages scoring at least as high). A collective under several processes:
+    every process calls it."""
     device = queries.device
+    shards = [v for v in (vectors if isinstance(vectors, list) else [vectors]) if v.count]
     thresholds = None
     if gold_ids is not None:  # first the gold passages' scores, from the same block products as the search
-        thresholds = max_scores(gold_scores(queries, vectors, gold_ids), device)
-    scores, ids, counts = top_k(queries, vectors, k, thresholds, gold_ids)
+        local = np.full(len(queries), -np.inf, dtype=np.float32)
+        for v in shards:
+            local = np.maximum(local, gold_scores(queries, v, gold_ids))
+        thresholds = max_scores(local, device)
+    parts = [top_k(queries, v, k, thresholds, gold_ids) for v in shards]
+    if parts:
+        scores, ids = merge_columns([p[0] for p in parts], [p[1] for p in parts], k)
+    else:
+        scores, ids = np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+    counts = sum(p[2] for p in parts) if gold_ids is not None and parts else np.zeros(len(queries), np.int64)
     scores, ids = merged_top_k(scores, ids, k, device)
     return scores, ids, (summed_counts(counts, device) + 1 if gold_ids is not None else None)
+
+
+def search_shards(queries: torch.Tensor, shards: list[Vectors], k: int, distributed: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids): each query's k best passages over several shards held by this process, merged; with
+    `distributed`, over every process's shards too (a collective). The same as one search of all of them."""
+    parts = [top_k(queries, v, k)[:2] for v in shards if v.count]
+    if parts:
+        scores, ids = merge_columns([p[0] for p in parts], [p[1] for p in parts], k)
+    else:
+        scores, ids = np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+    return merged_top_k(scores, ids, k, queries.device) if distributed else (scores, ids)
+
+
+def score_shards(queries: torch.Tensor, shards: list[Vectors], ids: np.ndarray, distributed: bool = False) -> np.ndarray:
+    """`score_passages` over several shards (each scores the passages it holds), with `distributed` over every
+    process's (a collective)."""
+    scores = np.full(np.asarray(ids).shape, -np.inf, dtype=np.float32)
+    for v in shards:
+        scores = np.maximum(scores, score_passages(queries, v, ids))
+    return max_scores(scores, queries.device) if distributed else scores

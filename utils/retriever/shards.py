@@ -36,9 +36,17 @@ def merged_top_k(scores: np.ndarray, ids: np.ndarray, k: int, device="cpu") -> t
     all_i = [torch.empty_like(i) for _ in range(world_size())]
     dist.all_gather(all_s, s)
     dist.all_gather(all_i, i)
-    s, i = torch.cat(all_s, 1), torch.cat(all_i, 1)
-    held = i >= 0
     keep = int(min(k, sum(w.item() for w in widths)))
+    return merge_columns(all_s, all_i, keep)
+
+
+def merge_columns(scores: list, ids: list, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Several partial top-k results of the same queries (each queries x columns, -1 ids: none) -> their top k,
+    by the selection rule (utils.retriever.selection)."""
+    s = torch.cat([torch.as_tensor(x, dtype=torch.float32) for x in scores], 1)
+    i = torch.cat([torch.as_tensor(x, dtype=torch.long) for x in ids], 1)
+    held = i >= 0
+    keep = int(min(k, int(held.sum(1).max()) if len(i) else 0))
     best = select_k_best(torch.nonzero(held, as_tuple=True)[0], i[held], s[held], len(s), keep)
     return best[0].cpu().numpy(), best[1].cpu().numpy()
 

@@ -58,8 +58,8 @@ class TrainingData:
         # Masking compares passages, not texts: a window is a duplicate of every other window of its passage.
         self.keys = torch.tensor([key_hash(passage_key(c)) for c in self.passages], dtype=torch.long)
         self.normalized_texts = [normalized(c["text"]) for c in self.passages] if mining else None
-        self.question_tokens = tokenize_questions(q_tok, [q["question"] for q in questions], args)
-        self.passage_tokens = tokenize_passages(p_tok, self.passages, args)
+        self.question_tokens = tokenize_questions(q_tok, [q["question"] for q in questions], args.max_query_length)
+        self.passage_tokens = tokenize_passages(p_tok, self.passages, args.max_passage_length, args.embed_title)
         self.q_pad, self.p_pad = q_tok.pad_token_id, p_tok.pad_token_id
         self.refreshes = []  # {"when", "changed", "seconds"} per refresh: a record for eval_results.json
 

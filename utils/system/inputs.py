@@ -8,7 +8,8 @@ from typing import Literal, Optional
 from utils.loop.args import arg, check_at_least_one, check_input_files
 from utils.loop.errors import UserError
 from utils.reader.trained import Reader, check_reader_dir
-from utils.retriever.index import Index, Retriever
+from utils.retriever.index import Index
+from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
 from utils.system.pipeline import QASystem
 
@@ -50,11 +51,14 @@ class SystemArgs:
         check_at_least_one(self, "batch_size")
 
 
-def build_system(args: SystemArgs, device: str, passages: list[dict] | None = None, index: Index | None = None,
-                 index_dir: str | None = None, main: bool = True, barrier=None, progress: bool = True) -> QASystem:
+def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None = None, index: Index | None = None,
+                 index_dir: str | None = None, progress: bool = True) -> QASystem:
     """The QA system from its arguments: the reader and the retriever, each loaded once, and the corpus: `index`
-    (loaded from --index), or `passages` embedded now; with `index_dir`, embedded by the `main` process alone and
-    saved there, which the others map after `barrier()`. Progress bars (indexing, reading) on the main process."""
+    (loaded from --index), the `passages` (BM25 ranks them), or --passages embedded now: with `index_dir`, by every
+    process of `accelerator` into that directory, each its shard (utils.retriever.indexing), each then searching its
+    own shards; without, in memory. Progress bars on the main process."""
+    main = accelerator is None or accelerator.is_main_process
+    device = None if accelerator is None else "cuda" if accelerator.device.type == "cuda" else "cpu"  # None: a GPU if any
     progress = progress and main
     reader = Reader(args.reader, device=device, batch_size=args.batch_size, precision=args.mixed_precision,
                     sort_by_length=True)
@@ -64,11 +68,10 @@ def build_system(args: SystemArgs, device: str, passages: list[dict] | None = No
     if index is None:
         hybrid = retriever.settings.hybrid_dense_weight is not None if args.hybrid is None else args.hybrid
         if index_dir is None:
-            index = retriever.index(passages, bm25=hybrid, progress=progress)
+            index = retriever.index(passages if passages is not None else args.passages, bm25=hybrid, progress=progress)
         else:
-            if main:
-                retriever.index(passages, bm25=hybrid, progress=progress).save(index_dir)
-            if barrier is not None:
-                barrier()
-            index = index_dir
+            from utils.retriever.indexing import build_index
+
+            build_index(accelerator, retriever, args.passages, index_dir, bm25=hybrid)
+            index = Index.load(index_dir, share=(accelerator.process_index, accelerator.num_processes))
     return QASystem(retriever, reader, index=index, hybrid=args.hybrid, progress=progress)

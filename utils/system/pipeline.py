@@ -17,7 +17,8 @@ from utils.loop.errors import UserError
 from utils.reader.trained import Reader
 from utils.retriever.bm25 import BM25
 from utils.retriever.data import load_passages
-from utils.retriever.index import Index, Retriever, check_k, question_list, ranked_passages
+from utils.retriever.index import Index, check_k, question_list, ranked_passages
+from utils.retriever.retriever import Retriever
 from utils.system.answer import answer, combine
 
 
@@ -46,9 +47,7 @@ class QASystem:
             retriever, device=device, batch_size=batch_size, precision=precision)
         self.hybrid = self.retriever.settings.hybrid_dense_weight is not None if hybrid is None else hybrid
         if isinstance(index, Index):
-            index.check_retriever(self.retriever, "the index given")
-            index._retriever = self.retriever
-            self.index = index
+            self.index = index.use(self.retriever, "the index given")
         elif index is not None:
             self.index = Index.load(index, self.retriever)
         else:

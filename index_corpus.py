@@ -1,0 +1,82 @@
+"""Index a corpus with a trained retriever, at DPR's scale: every process embeds its shard, written as it goes.
+
+Runbook (from the repository root, after `pip install -r requirements.txt`):
+
+  python index_corpus.py --retriever outputs/dpr-squad --passages ../shared/data/dpr/passages.jsonl \
+      --output_dir outputs/corpus-index
+      Embeds the corpus exactly as the retriever ranks it (its sentence windows, titles, lengths, precision),
+      chunk by chunk, and writes the index (utils/retriever/index_files.py) that qa_system.py --index, serve.py
+      --index, train_dpr.py --do_train false --index and Index.load read where it lies.
+
+  accelerate launch index_corpus.py ...        (on CPUs: ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N ...)
+      Each process embeds one contiguous shard of the corpus file (its byte range, cut at line starts) into its own
+      shard files; the index is the same as one process's, vector for vector.
+
+  Killed, run the same command again: each shard continues after its last complete chunk (what a chunk wrote past
+  its recorded end is cut off), and the result equals an uninterrupted run's. A corpus or retriever that changed
+  since, another dtype or another number of processes is refused, not mixed in.
+
+Skeleton: setup -> data (the corpus checked, shard by shard, before anything is written: every passage as the one
+corpus loader checks it, every id unique across the whole corpus) -> the output directory -> embed (chunks of
+--chunk_passages; peak memory is one chunk, whatever the corpus size) -> finish (the manifest, BM25 if asked).
+"""
+
+import logging
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from accelerate import Accelerator
+
+from utils.loop.args import arg, check_at_least_one, check_input_files, parse_args
+from utils.loop.errors import UserError, exit_on_user_error
+from utils.loop.process import finish, peak_memory_mb
+from utils.retriever.indexing import build_index
+from utils.retriever.retriever import Retriever
+from utils.retriever.settings import RetrieverSettings
+
+
+@dataclass
+class IndexArgs:
+    retriever: str = arg(None, "A retriever trained by train_dpr.py (its output directory).")
+    passages: str = arg(None, "The corpus: JSON lines of {title, text, passage_id}, read as a stream.")
+    output_dir: str = arg(None, "The index directory to write (or to finish: the same command resumes it).")
+    dtype: Literal["float32", "float16"] = arg("float32", "How the vectors are stored: float16 halves the index for "
+                                                          "scores within about 1e-3 of float32's.")
+    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = arg(
+        None, "Autocast of the passage encoder. Default: the precision the retriever was evaluated at (as trained).")
+    batch_size: int = arg(64, "Texts per forward pass.")
+    chunk_passages: int = arg(4096, "Passages embedded and written at a time: the unit of resuming, and of memory.")
+    bm25: Optional[bool] = arg(None, "Also build BM25 over the corpus, for the hybrid (it holds the corpus's terms "
+                                     "in memory). Default: when the retriever has a recorded hybrid weight.")
+    overwrite_output_dir: bool = arg(False, "Replace an existing complete index in --output_dir.")
+
+    def validate(self) -> None:
+        if not self.retriever or not self.passages or not self.output_dir:
+            raise UserError("give --retriever (a trained retriever), --passages (the corpus) and --output_dir")
+        check_input_files(self, "passages")
+        RetrieverSettings.load(self.retriever)
+        check_at_least_one(self, "batch_size", "chunk_passages")
+
+
+@exit_on_user_error
+def main(argv=None):
+    # --- setup ---------------------------------------------------------------------------------------
+    args = parse_args(IndexArgs, argv)
+    accelerator = Accelerator()  # the encoder runs under its own autocast (utils.retriever.retriever)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
+                        level=logging.INFO if accelerator.is_main_process else logging.ERROR)
+    device = "cuda" if accelerator.device.type == "cuda" else "cpu"
+    retriever = Retriever(args.retriever, device=device, batch_size=args.batch_size, precision=args.mixed_precision)
+
+    # --- data, embed, finish: utils/retriever/indexing.py (the corpus checked before anything is written) --
+    meta = build_index(accelerator, retriever, args.passages, args.output_dir, args.dtype, args.chunk_passages,
+                       args.bm25, args.overwrite_output_dir)
+    seconds = meta.get("seconds", 0.0)
+    accelerator.print(f"indexed {meta['passages']} passages ({meta['vectors']} vectors) in {seconds:.1f} s "
+                      f"({meta['passages'] / max(seconds, 1e-9):.1f} passages/s, {meta['vectors'] / max(seconds, 1e-9):.1f} "
+                      f"vectors/s; peak memory {peak_memory_mb(accelerator)} MB on the first process)")
+    finish(accelerator)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""index_corpus.py as users run it: every process embeds its shard (2 gloo processes = 1 process, vector for
+vector), a killed build resumes to the uninterrupted one's index, a changed corpus or retriever is refused, the index
+is searched shard by shard, and FAISS IVF/HNSW indexes built from the shards find what the exact search finds."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, SAMPLE, assert_user_error, run_script
+from test_distributed import run_ddp
+from utils.retriever.index import Index
+from utils.retriever.search import Vectors, search_shards
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the 2-process runs' threads: the same arithmetic in both
+
+
+@pytest.fixture(scope="module")
+def retriever(tiny_bert_dir, tmp_path_factory):
+    """A tiny retriever trained on sentence windows of the sample (its index holds windows and their owners)."""
+    out = str(tmp_path_factory.mktemp("dpr") / "retriever")
+    run_script("train_dpr.py", "--query_model_name_or_path", tiny_bert_dir, "--passage_model_name_or_path",
+               tiny_bert_dir, "--output_dir", out, "--max_train_steps", 2, "--window_sentences", 1,
+               "--per_device_train_batch_size", 8, "--eval_before_training", "false")
+    return out
+
+
+def index_args(retriever, out, *extra, corpus=f"{SAMPLE}/dpr_passages.jsonl"):
+    return ["--retriever", retriever, "--passages", corpus, "--output_dir", out, "--chunk_passages", 4, *extra]
+
+
+def vectors_of(directory):
+    index = Index.load(str(directory))
+    return (np.concatenate([np.asarray(v.embeddings) for v in index.shards]),
+            np.concatenate([np.asarray(v.owner) + v.offset for v in index.shards]), index)
+
+
+QUESTIONS = ["Who designed the Corran lighthouse?", "When was the loom built?", "What does the seed library lend?"]
+
+
+def test_two_processes_build_what_one_builds_and_each_searches_its_shards(retriever, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    proc = run_script("index_corpus.py", *index_args(retriever, one), env=ONE_THREAD)
+    assert "33 passages, 9 chunks in 1 shard(s), sentence windows" in proc.stdout
+    run_ddp("index_corpus.py", *index_args(retriever, two))
+    (a, owner_a, ia), (b, owner_b, ib) = vectors_of(one), vectors_of(two)
+    assert len(ib.shards) == 2 and ib.shards[1].offset == 16  # chunks 0-3 of 4 passages, then chunks 4-8
+    assert np.array_equal(a, b) and np.array_equal(owner_a, owner_b)  # vector for vector
+    assert ia.search(QUESTIONS, k=5) == ib.search(QUESTIONS, k=5)
+    assert [p["passage_id"] for p in ia.passages] == [json.loads(line)["passage_id"]
+                                                    for line in open(f"{SAMPLE}/dpr_passages.jsonl")]
+    # the same ranking as the Retriever API embedding the corpus in memory (other batches: within float rounding)
+    from utils.retriever.retriever import Retriever
+
+    memory = Retriever(retriever, device="cpu").index(f"{SAMPLE}/dpr_passages.jsonl", bm25=False, progress=False)
+    np.testing.assert_allclose(np.asarray(memory.shards[0].embeddings), a, rtol=1e-4, atol=1e-5)
+    assert [[h["passage_id"] for h in r] for r in memory.search(QUESTIONS, k=5)] == \
+        [[h["passage_id"] for h in r] for r in ia.search(QUESTIONS, k=5)]
+    # a question set searched shard by shard, as each process searches its own: the same as all at once
+    q = ia.retriever.encode_questions(QUESTIONS)
+    whole = search_shards(q, ia.shards, 10)
+    parts = [search_shards(q, [v], 10) for v in ib.shards]
+    from utils.retriever.shards import merge_columns
+
+    merged = merge_columns([p[0] for p in parts], [p[1] for p in parts], 10)
+    assert np.array_equal(whole[1], merged[1]) and np.allclose(whole[0], merged[0])
+
+
+def test_a_killed_build_resumes_to_the_uninterrupted_index(retriever, tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    run_script("index_corpus.py", *index_args(retriever, whole, "--chunk_passages", 1))
+    cmd = [sys.executable, os.path.join(ROOT, "index_corpus.py"), *map(str, index_args(retriever, killed,
+                                                                                       "--chunk_passages", 1))]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    progress = killed / "shard-00000" / "progress.json"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if len(json.load(open(progress))["chunks"]) >= 5:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the build finished before it could be killed"
+    assert not json.load(open(killed / "index.json"))["complete"]
+    with pytest.raises(Exception, match="not complete"):
+        Index.load(str(killed))
+    with open(killed / "shard-00000" / "vectors.bin", "ab") as f:  # as if killed while appending a chunk
+        f.write(b"\0" * 1000)
+    proc = run_script("index_corpus.py", *index_args(retriever, killed, "--chunk_passages", 1))
+    assert "resuming after" in proc.stderr
+    (a, owner_a, _), (b, owner_b, _) = vectors_of(whole), vectors_of(killed)
+    assert np.array_equal(a, b) and np.array_equal(owner_a, owner_b)
+
+
+def test_a_changed_corpus_or_retriever_or_layout_is_refused(retriever, tiny_bert_dir, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    shutil.copy(f"{SAMPLE}/dpr_passages.jsonl", corpus)
+    out = tmp_path / "index"
+    run_script("index_corpus.py", *index_args(retriever, out, corpus=corpus))
+    manifest = json.load(open(out / "index.json"))
+    assert_user_error(run_script("index_corpus.py", *index_args(retriever, out, corpus=corpus), check=False),
+                      "holds a complete index already")
+    json.dump({**manifest, "complete": False}, open(out / "index.json", "w"))  # as an unfinished build
+    lines = corpus.read_text().splitlines()
+    corpus.write_text("\n".join(lines[:3] + [lines[3].replace("the", "a", 1)] + lines[4:]) + "\n")
+    assert_user_error(run_script("index_corpus.py", *index_args(retriever, out, corpus=corpus), check=False),
+                      "an unfinished index of another corpus (the file changed since it was started)")
+    shutil.copy(f"{SAMPLE}/dpr_passages.jsonl", corpus)
+    assert_user_error(run_script("index_corpus.py", *index_args(retriever, out, "--dtype", "float16", corpus=corpus),
+                                 check=False), "an unfinished index built with another retriever or settings (dtype")
+    proc = run_ddp("index_corpus.py", *index_args(retriever, out, corpus=corpus), check=False)
+    assert proc.returncode != 0 and "error: " + str(out) + ": an unfinished index started with 1 processes: resume it " \
+        "with as many (this run has 2)" in proc.stderr
+    other = tmp_path / "other"
+    shutil.copytree(retriever, other)
+    settings = json.load(open(other / "retriever_settings.json"))
+    json.dump({**settings, "max_passage_length": 128}, open(other / "retriever_settings.json", "w"))
+    assert_user_error(run_script("index_corpus.py", *index_args(str(other), out, corpus=corpus), check=False),
+                      "(settings differ)")
+    run_script("index_corpus.py", *index_args(retriever, out, corpus=corpus))  # the same retriever finishes it
+    assert json.load(open(out / "index.json"))["complete"]
+    # bad input before anything is written: a duplicate id anywhere, across the shards
+    duplicate = tmp_path / "duplicate.jsonl"
+    duplicate.write_text("\n".join(lines + [lines[0]]) + "\n")
+    message = f"duplicate.jsonl: line 34: duplicate passage_id {json.loads(lines[0])['passage_id']!r} (first at line 1)"
+    fresh = tmp_path / "fresh"
+    assert_user_error(run_script("index_corpus.py", *index_args(retriever, fresh, corpus=duplicate), check=False),
+                      message)
+    proc = run_ddp("index_corpus.py", *index_args(retriever, fresh, corpus=duplicate), check=False)  # across shards
+    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr.split("error:")[0]
+    assert not fresh.exists()
+
+
+def synthetic_index(n=4000, dim=32, clusters=40, seed=0):
+    """Clustered unit vectors (real embeddings cluster; uniform random ones are the worst case of any IVF)."""
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((clusters, dim)).astype(np.float32)
+    x = centers[rng.integers(0, clusters, n)] + 0.35 * rng.standard_normal((n, dim)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    q = centers[rng.integers(0, clusters, 200)] + 0.35 * rng.standard_normal((200, dim)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    half = n // 2  # two shards, as two processes would have written them
+    shards = [Vectors(x[:half], None, half, 0), Vectors(x[half:], None, n - half, half)]
+    passages = [{"passage_id": str(i), "title": "", "text": "t"} for i in range(n)]
+    built_by = {"model": "synthetic", "passage_encoder": "-", "settings": {}, "precision": "no"}
+    return Index(shards, passages, None, built_by), q
+
+
+@pytest.mark.parametrize("kind, options, search, want", [
+    ("flat", {}, {}, 1.0),
+    ("ivf", {"nlist": 32}, {"nprobe": 32}, 1.0),  # every cell visited: exact
+    ("ivf", {"nlist": 32}, {"nprobe": 4}, 0.85),
+    ("ivfpq", {"nlist": 32, "pq_m": 16, "nbits": 6}, {"nprobe": 8}, 0.5),  # 12 bytes a vector, not 128
+    ("hnsw", {"hnsw_m": 16}, {"ef_search": 64}, 0.9),
+])
+def test_faiss_indexes_from_the_shards_find_what_the_exact_search_finds(kind, options, search, want):
+    import torch
+
+    from utils.retriever.faiss_index import build_faiss, faiss_top_k
+
+    index, q = synthetic_index()
+    _, exact = search_shards(torch.from_numpy(q), index.shards, 10)
+    faiss_index = build_faiss(index, kind, **options)
+    assert faiss_index.ntotal == 4000
+    _, found = faiss_top_k(index, faiss_index, q, 10, **search)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(exact.tolist(), found.tolist())])
+    assert recall >= want, recall
+    if want == 1.0:
+        assert recall == 1.0

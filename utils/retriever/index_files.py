@@ -1,0 +1,187 @@
+"""An index on disk: a manifest and shards, each written as it goes and read where it lies.
+
+    IDX/index.json              the manifest: what made the vectors (the passage encoder's fingerprint, settings,
+                                precision), dtype, dimension, the corpus (its passages and fingerprint), the shards
+                                (their passage ranges and vector counts), whether BM25 is there, whether complete
+    IDX/shard-00000/vectors.bin the shard's vectors, rows x dimension of dtype, appended chunk by chunk
+    IDX/shard-00000/owner.bin   with sentence windows: int32, row -> the shard's passage it belongs to
+    IDX/shard-00000/passages.jsonl, offsets.bin   the shard's passages (one JSON line each) and where each starts
+    IDX/shard-00000/progress.json the chunks done so far and the files' lengths after them (a killed job resumes
+                                after the last; anything written past it is cut off)
+    IDX/bm25/                   BM25 over every passage (for the hybrid), where built
+
+Every shard is one contiguous range of the corpus's passages. Readers map the files (numpy memmap): a process
+searching its own shards touches only their pages, and a passage's text is read from its line when a result
+needs it (`PassageStore`), so no process holds the corpus in memory.
+"""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from utils.loop.errors import UserError
+from utils.loop.jsonfiles import json_line
+
+INDEX_FILE, FORMAT = "index.json", 3
+VECTORS, OWNER, PASSAGES, OFFSETS, PROGRESS = "vectors.bin", "owner.bin", "passages.jsonl", "offsets.bin", "progress.json"
+
+
+def shard_name(i: int) -> str:
+    return f"shard-{i:05d}"
+
+
+def write_json_atomically(path: str, obj) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def read_manifest(directory: str, complete: bool = True) -> dict:
+    """index.json of an index directory; a one-line UserError when it is missing, malformed, of another format or
+    (with `complete`) still being built."""
+    path = os.path.join(directory, INDEX_FILE)
+    if not os.path.isfile(path):
+        raise UserError(f"{directory}: not an index (no {INDEX_FILE})")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except ValueError as err:
+        raise UserError(f"{path}: malformed ({err})") from None
+    if not isinstance(meta, dict) or "format" not in meta:
+        raise UserError(f"{path}: malformed (no format)")
+    if meta["format"] != FORMAT:
+        raise UserError(f"{path}: index format {meta['format']}, this version reads {FORMAT}: index the corpus again")
+    missing = [k for k in ("model", "passage_encoder", "settings", "precision", "dimension", "dtype", "passages",
+                           "shards", "complete") if k not in meta]
+    if missing:
+        raise UserError(f"{path}: malformed (missing {', '.join(missing)})")
+    if complete and not meta["complete"]:
+        raise UserError(f"{directory}: the index is not complete (being built, or the job was killed): run "
+                        "index_corpus.py again to finish it")
+    return meta
+
+
+class ShardWriter:
+    """One shard's files, appended chunk by chunk; `progress` says what is durably written. Re-opened on a shard
+    with progress, it cuts every file back to the last recorded chunk and continues after it."""
+
+    def __init__(self, directory: str, dimension: int, dtype: str, windows: bool):
+        self.directory, self.dimension, self.dtype, self.windows = directory, dimension, np.dtype(dtype), windows
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, PROGRESS)
+        self.progress = {"chunks": [], "passages": 0, "vectors": 0, "passage_bytes": 0}
+        if os.path.isfile(path):
+            with open(path) as f:
+                self.progress = json.load(f)
+        p = self.progress
+        self._open(VECTORS, p["vectors"] * self.dimension * self.dtype.itemsize)
+        self._open(OFFSETS, p["passages"] * 8)
+        self._open(PASSAGES, p["passage_bytes"])
+        if windows:
+            self._open(OWNER, p["vectors"] * 4)
+
+    def _open(self, name: str, length: int) -> None:
+        path = os.path.join(self.directory, name)
+        with open(path, "ab") as f:  # create if missing, then cut back to what progress.json vouches for
+            f.truncate(length)
+
+    def append(self, chunk_hash: str, passages: list[dict], vectors: np.ndarray, owner: np.ndarray | None) -> None:
+        """One chunk: its passages, their vectors (and, with windows, each vector's passage within the chunk), made
+        durable before the progress that counts them."""
+        p = self.progress
+        assert vectors.shape[1] == self.dimension
+        lines = [(json_line(x) + "\n").encode("utf-8") for x in passages]
+        starts = p["passage_bytes"] + np.concatenate([[0], np.cumsum([len(line) for line in lines])[:-1]])
+        self._write(VECTORS, np.ascontiguousarray(vectors, dtype=self.dtype).tobytes())
+        self._write(OFFSETS, starts.astype(np.int64).tobytes())
+        self._write(PASSAGES, b"".join(lines))
+        if self.windows:
+            self._write(OWNER, (np.asarray(owner, dtype=np.int64) + p["passages"]).astype(np.int32).tobytes())
+        p["chunks"].append(chunk_hash)
+        p["passages"] += len(passages)
+        p["vectors"] += len(vectors)
+        p["passage_bytes"] += sum(len(line) for line in lines)
+        write_json_atomically(os.path.join(self.directory, PROGRESS), p)
+
+    def _write(self, name: str, data: bytes) -> None:
+        with open(os.path.join(self.directory, name), "ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def map_shard(directory: str, meta: dict, shard: dict):
+    """(vectors memmap, owner memmap or None, PassageLines) of one shard of a complete index."""
+    path = os.path.join(directory, shard["dir"])
+    rows, count = shard["vectors"], shard["last"] - shard["first"]
+    dtype, dim = np.dtype(meta["dtype"]), meta["dimension"]
+
+    def mapped(name, dt, shape):
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            raise UserError(f"{directory}: {shard['dir']}/{name} is missing")
+        want = int(np.prod(shape)) * np.dtype(dt).itemsize
+        if os.path.getsize(file) != want:
+            raise UserError(f"{directory}: {shard['dir']}/{name} holds {os.path.getsize(file)} bytes, the manifest "
+                            f"says {want}")
+        return np.memmap(file, dtype=dt, mode="r", shape=shape) if want else np.zeros(shape, dtype=dt)
+
+    vectors = mapped(VECTORS, dtype, (rows, dim))
+    owner = mapped(OWNER, np.int32, (rows,)) if meta["settings"].get("window_sentences") else None
+    offsets = mapped(OFFSETS, np.int64, (count,))
+    return vectors, owner, PassageLines(os.path.join(path, PASSAGES), offsets)
+
+
+class PassageLines:
+    """A shard's passages, read from their lines on demand."""
+
+    def __init__(self, path: str, offsets: np.ndarray):
+        self.path, self.offsets = path, offsets
+        self._file = None
+
+    def __len__(self):
+        return len(self.offsets)
+
+    def __getitem__(self, j: int) -> dict:
+        if self._file is None:
+            self._file = open(self.path, "rb")
+        self._file.seek(int(self.offsets[j]))
+        return json.loads(self._file.readline())
+
+    def __iter__(self):
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                yield json.loads(line)
+
+
+class PassageStore:
+    """Every passage of an index, by its global position, from the shards' lines (a list-like: len, [j], iter)."""
+
+    def __init__(self, parts: list[PassageLines], firsts: list[int]):
+        self.parts, self.firsts = parts, np.asarray(firsts + [firsts[-1] + len(parts[-1])] if parts else [0])
+
+    def __len__(self):
+        return int(self.firsts[-1])
+
+    def __getitem__(self, j: int) -> dict:
+        j = int(j)
+        if not 0 <= j < len(self):
+            raise IndexError(j)
+        s = int(np.searchsorted(self.firsts, j, side="right")) - 1
+        return self.parts[s][j - int(self.firsts[s])]
+
+    def __iter__(self):
+        for part in self.parts:
+            yield from part
+
+
+def content_hash(lines: list[bytes]) -> str:
+    """A chunk's identity: a hash of its raw corpus lines (a changed corpus is refused on resume)."""
+    h = hashlib.blake2b(digest_size=12)
+    for line in lines:
+        h.update(line)
+    return h.hexdigest()

@@ -1,0 +1,225 @@
+"""Building an index on disk from every process (index_corpus.py, and qa_system.py when given passages): each
+process checks and embeds one contiguous shard of the corpus file (its byte range, cut at line starts), chunk by
+chunk, into its own shard files (utils.retriever.index_files); a killed build resumes after each shard's last
+complete chunk. The corpus is streamed, never loaded whole: peak memory is one chunk's tokens and vectors."""
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+
+import numpy as np
+import torch
+from accelerate.utils import broadcast_object_list, gather_object
+
+from utils.loop.errors import UserError
+from utils.retriever.bm25 import BM25
+from utils.retriever.data import byte_ranges, count_lines, stream_passages
+from utils.retriever.index import check_index_target, manifest
+from utils.retriever.index_files import (INDEX_FILE, PassageStore, ShardWriter, content_hash, map_shard, read_manifest,
+                                         shard_name, write_json_atomically)
+
+logger = logging.getLogger("qa-amp")
+CHUNK_HASH_PASSAGES = 1024  # passages per corpus hash recorded (and compared on resume)
+
+
+def check_corpus(accelerator, path: str, chunk_passages: int) -> dict:
+    """The corpus, checked and cut into chunks, the same on every process: {"passages", "chunks": [(first passage,
+    start byte, end byte)], "hashes"}. Each process streams one byte range of the file and checks every passage
+    as the one corpus loader does; the ids' hashes are gathered, so that a duplicate anywhere in the corpus is found
+    before anything is written. Chunks are every `chunk_passages` passages of the whole corpus (whatever the
+    number of processes), so a chunk, and the vectors it gets, do not depend on how the work is shared. A UserError
+    on any process stops every process with the first message."""
+    world, rank = accelerator.num_processes, accelerator.process_index
+    start, stop = byte_ranges(path, world)[rank]
+    failure, ids, offsets, hashes, block = None, [], [], [], []
+    try:
+        first_line = 1 + (count_lines(path, 0, start) if rank else 0)
+        position = start
+        for p, raw, _ in stream_passages(path, start, stop, first_line=first_line):
+            ids.append(_id_hash(p["passage_id"]))
+            block.append(raw)
+            if len(block) == CHUNK_HASH_PASSAGES:
+                hashes.append(content_hash(block))
+                block = []
+        if block:
+            hashes.append(content_hash(block))
+        offsets = _line_offsets(path, start, stop)
+    except UserError as err:
+        failure = str(err)
+    failures = [f for f in gather_object([failure]) if f]
+    if failures:
+        raise UserError(failures[0])
+    counts = gather_object([len(ids)])
+    all_ids = gather_object([np.asarray(ids, dtype=np.int64)])
+    if accelerator.is_main_process:
+        failure = _duplicate(path, np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64))
+        if failure is None and not sum(counts):
+            failure = f"{path}: no passages"
+    failure = broadcast_object_list([failure])[0] if world > 1 else failure
+    if failure:
+        raise UserError(failure)
+    mine = int(np.sum(counts[:rank]))  # the global position of this range's first passage
+    starts = [(g, int(offsets[g - mine])) for g in range(-(-mine // chunk_passages) * chunk_passages,
+                                                           mine + len(ids), chunk_passages)]
+    starts = sorted(x for part in gather_object([starts]) for x in part)
+    ends = [b for _, b in starts[1:]] + [os.path.getsize(path)]
+    return {"passages": int(sum(counts)), "chunks": [(g, b, e) for (g, b), e in zip(starts, ends)],
+            "hashes": [h for part in gather_object([hashes]) for h in part]}
+
+
+def _line_offsets(path: str, start: int, stop: int) -> np.ndarray:
+    """The byte offset of every non-blank line between two offsets (where each passage of the range starts)."""
+    out = []
+    with open(path, "rb") as f:
+        f.seek(start)
+        while f.tell() < stop:
+            at = f.tell()
+            raw = f.readline()
+            if not raw:
+                break
+            if raw.strip():
+                out.append(at)
+    return np.asarray(out, dtype=np.int64)
+
+
+def _id_hash(ident: str) -> int:
+    return int.from_bytes(hashlib.blake2b(ident.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def _duplicate(path: str, hashes: np.ndarray) -> str | None:
+    """The one-line error for the first duplicate passage_id of the corpus, found from the ids' hashes (the lines
+    are then read to name them exactly), or None."""
+    order = np.argsort(hashes, kind="stable")
+    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    if not len(same):
+        return None
+    suspects = {int(order[i]) for i in same} | {int(order[i + 1]) for i in same}
+    seen, position = {}, 0
+    for p, _, line in stream_passages(path, 0, os.path.getsize(path)):
+        if position in suspects:
+            if p["passage_id"] in seen:
+                return f"{path}: line {line}: duplicate passage_id {p['passage_id']!r} (first at line {seen[p['passage_id']]})"
+            seen[p["passage_id"]] = line
+        position += 1
+    return None  # a hash collision of different ids
+
+
+def corpus_identity(path: str, plan: dict, processes: int, chunk_passages: int) -> dict:
+    """What an unfinished index records of its corpus and layout, compared on resume."""
+    return {"path": os.path.abspath(path), "bytes": os.path.getsize(path), "passages": plan["passages"],
+            "processes": processes, "chunk_passages": chunk_passages, "hashes": plan["hashes"]}
+
+
+def _resumable(out: str, existing: dict, built_by: dict, dtype: str, corpus: dict) -> tuple[str | None, dict | None]:
+    """(why the index in `out` cannot be continued, or None; its manifest if it can)."""
+    if existing["complete"]:
+        return f"{out}: holds a complete index already: give another --output_dir, or --overwrite_output_dir", None
+    differ = [k for k in ("passage_encoder", "settings", "precision") if existing[k] != built_by[k]]
+    differ += ["dtype"] if existing["dtype"] != dtype else []
+    if differ:
+        return (f"{out}: an unfinished index built with another retriever or settings ({', '.join(differ)} differ): "
+                "give another --output_dir, or --overwrite_output_dir to start over"), None
+    if existing["corpus"]["processes"] != corpus["processes"]:
+        return (f"{out}: an unfinished index started with {existing['corpus']['processes']} processes: resume it "
+                f"with as many (this run has {corpus['processes']})"), None
+    same = ("bytes", "passages", "chunk_passages", "hashes")
+    if any(existing["corpus"][k] != corpus[k] for k in same):
+        return (f"{out}: an unfinished index of another corpus (the file changed since it was started): give "
+                "another --output_dir, or --overwrite_output_dir to start over"), None
+    return None, existing
+
+
+def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retriever, corpus: dict) -> dict:
+    """The manifest to build under: a new one, or the unfinished one found (resumed: it must have been started with
+    this retriever, its settings and precision, this dtype, this corpus and as many processes). One-line errors."""
+    built_by = retriever.built_by()
+    failure, meta = None, None
+    if accelerator.is_main_process:
+        try:
+            existing = read_manifest(out, complete=False) if os.path.isfile(os.path.join(out, INDEX_FILE)) else None
+        except UserError as err:  # an index of another format, say: replaced with overwrite, else refused
+            existing, failure = None, None if overwrite else str(err)
+        if existing and not overwrite:
+            failure, meta = _resumable(out, existing, built_by, dtype, corpus)
+        if failure is None and meta is None:
+            try:
+                check_index_target(out, overwrite=overwrite)
+                if os.path.isdir(out) and overwrite:
+                    for name in os.listdir(out):  # an index's own files only (check_index_target vouched for it)
+                        path = os.path.join(out, name)
+                        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+                os.makedirs(out, exist_ok=True)
+                meta = manifest(built_by, dtype, retriever.dimension, corpus["passages"], [], bm25=False,
+                                complete=False, corpus=corpus)
+                write_json_atomically(os.path.join(out, INDEX_FILE), meta)
+            except UserError as err:
+                failure = str(err)
+            except OSError as err:
+                failure = f"{out}: cannot create the index directory ({err.strerror or err})"
+    if accelerator.num_processes > 1:
+        failure, meta = broadcast_object_list([failure, meta])
+    if failure:
+        raise UserError(failure)
+    return meta
+
+
+def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, retriever, directory: str,
+                main: bool) -> dict:
+    """This process's shard: its chunks (first passage, start byte, end byte), each embedded and appended after the
+    last one recorded. Returns {"vectors", "passages", "seconds"} of the shard."""
+    writer = ShardWriter(directory, retriever.dimension, dtype, bool(retriever.settings.window_sentences))
+    done = len(writer.progress["chunks"])
+    if done:
+        logger.info("%s: resuming after %d chunks (%d passages, %d vectors)", directory, done,
+                    writer.progress["passages"], writer.progress["vectors"])
+    t0, before = time.perf_counter(), writer.progress["passages"]
+    for i, (_, start, stop) in enumerate(chunks[done:], done):
+        rows = list(stream_passages(path, start, stop))
+        vectors, owner = retriever.encode_passages([p for p, _, _ in rows])
+        writer.append(content_hash([raw for _, raw, _ in rows]), [p for p, _, _ in rows], vectors, owner)
+        if main:
+            rate = (writer.progress["passages"] - before) / max(time.perf_counter() - t0, 1e-9)
+            logger.info("chunk %d of %d of this shard: %d passages (%.0f passages/s)", i + 1, len(chunks),
+                        writer.progress["passages"], rate)
+    return {"vectors": writer.progress["vectors"], "passages": writer.progress["passages"],
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def build_index(accelerator, retriever, passages: str, output_dir: str, dtype: str = "float32",
+                chunk_passages: int = 4096, bm25: bool | None = None, overwrite: bool = False) -> dict:
+    """Index the JSON-lines corpus `passages` into `output_dir` with `retriever`, every process a contiguous run of
+    the corpus's chunks (a collective: every process calls it); resumes an unfinished build of the same corpus,
+    retriever and layout. Returns the complete manifest. `bm25`: also build BM25 (default: when the retriever has
+    a hybrid weight)."""
+    world, rank = accelerator.num_processes, accelerator.process_index
+    plan = check_corpus(accelerator, passages, chunk_passages)
+    corpus = corpus_identity(passages, plan, world, chunk_passages)
+    prepare_index_dir(accelerator, output_dir, dtype, overwrite, retriever, corpus)
+    accelerator.print(f"index: {corpus['passages']} passages, {len(plan['chunks'])} chunks in {world} shard(s), "
+                      f"{'sentence windows' if retriever.settings.window_sentences else 'whole passages'}, "
+                      f"precision {retriever.precision}, {dtype} vectors -> {output_dir}")
+    n = len(plan["chunks"])
+    mine = plan["chunks"][rank * n // world:(rank + 1) * n // world]
+    with torch.no_grad():
+        result = embed_shard(passages, mine, dtype, retriever, os.path.join(output_dir, shard_name(rank)),
+                             accelerator.is_main_process)
+    every = gather_object([result])
+    shards, first = [], 0
+    for i, s in enumerate(every):
+        shards.append({"dir": shard_name(i), "first": first, "last": first + s["passages"], "vectors": s["vectors"]})
+        first += s["passages"]
+    if first != corpus["passages"]:
+        raise UserError(f"{output_dir}: {first} passages embedded, the corpus has {corpus['passages']}")
+    meta = manifest(retriever.built_by(), dtype, retriever.dimension, corpus["passages"], shards, bm25=False,
+                    complete=True, corpus=corpus)
+    if accelerator.is_main_process:
+        meta["bm25"] = bm25 if bm25 is not None else retriever.settings.hybrid_dense_weight is not None
+        if meta["bm25"]:
+            parts = [map_shard(output_dir, meta, s)[2] for s in shards]
+            BM25(list(PassageStore(parts, [s["first"] for s in shards]))).save(os.path.join(output_dir, "bm25"))
+        meta["seconds"] = max(s["seconds"] for s in every)
+        write_json_atomically(os.path.join(output_dir, INDEX_FILE), meta)
+    accelerator.wait_for_everyone()
+    return meta

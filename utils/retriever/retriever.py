@@ -1,0 +1,108 @@
+"""A trained retriever used as trained: the encoders of a train_dpr.py output directory and how they rank
+(retriever_settings.json: pooling, similarity, sentence windows, titles, lengths, the hybrid's dense weight, the
+precision it was evaluated at).
+
+    from utils.retriever import Retriever
+    retriever = Retriever("outputs/dpr-squad")
+    q = retriever.encode_questions(["Who designed the Corran lighthouse?"])       # (1, dim) float32
+    vectors, owner = retriever.encode_passages(passages)   # windows as trained; owner[row] = its passage
+    index = retriever.index("corpus.jsonl")                 # utils.retriever.index: in memory; index_corpus.py at scale
+"""
+
+import os
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from utils.loop.errors import UserError
+from utils.retriever.bi_encoder import load_bi_encoder
+from utils.retriever.encoding import encode_texts, load_tokenizers, tokenize_passages, tokenize_questions
+from utils.retriever.sentence_windows import sentence_windows
+from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings, encoder_fingerprint
+
+AUTOCAST = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Retriever:
+    """The encoders of a retriever trained by train_dpr.py, with its ranking settings."""
+
+    def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64, precision: str | None = None):
+        """`precision`: the autocast to embed under ("no", "bf16", "fp16"); default: the one the run evaluated with
+        (retriever_settings.json), so that it ranks exactly as the run did."""
+        self.model_dir = os.path.abspath(model_dir)
+        self.settings = s = RetrieverSettings.load(model_dir)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if batch_size < 1:
+            raise UserError(f"batch_size must be at least 1 (got {batch_size})")
+        self.batch_size = batch_size
+        self.precision = precision or s.precision
+        if self.precision not in AUTOCAST:
+            raise UserError(f"precision {self.precision!r}: choose no, bf16 or fp16")
+        query, passage = os.path.join(model_dir, QUERY_ENCODER), os.path.join(model_dir, PASSAGE_ENCODER)
+        self.q_tok, self.p_tok = load_tokenizers(query, passage, s.shared_encoder, s.max_query_length,
+                                                 s.max_passage_length)
+        self.model = load_bi_encoder(query, passage, s.shared_encoder, s.pooling, s.similarity,
+                                     length_buckets=4).to(self.device).eval()
+        self._fingerprint = None
+
+    @property
+    def dimension(self) -> int:
+        return self.model.query_encoder.config.hidden_size
+
+    @property
+    def passage_encoder_dir(self) -> str:
+        return os.path.join(self.model_dir, QUERY_ENCODER if self.settings.shared_encoder else PASSAGE_ENCODER)
+
+    @property
+    def fingerprint(self) -> str:
+        """What identifies the passage vectors this retriever makes (`encoder_fingerprint` of its passage encoder):
+        recorded in every index it builds and checked when one is searched."""
+        if self._fingerprint is None:
+            self._fingerprint = encoder_fingerprint(self.passage_encoder_dir)
+        return self._fingerprint
+
+    def built_by(self) -> dict:
+        """What an index records of the retriever that made its vectors."""
+        return {"model": self.model_dir, "passage_encoder": self.fingerprint, "settings": asdict(self.settings),
+                "precision": self.precision}
+
+    def _encode(self, tokens, side: str, pad: int, progress=None) -> torch.Tensor:
+        autocast = AUTOCAST[self.precision]
+        with torch.autocast(self.device.type, dtype=autocast, enabled=autocast is not None):
+            return encode_texts(self.model, tokens, side, pad, self.batch_size, self.device, progress=progress)
+
+    def encode_questions(self, questions: list[str]) -> torch.Tensor:
+        from utils.retriever.index import question_list
+
+        return self._encode(tokenize_questions(self.q_tok, question_list(questions), self.settings.max_query_length),
+                            "query", self.q_tok.pad_token_id)
+
+    def encode_passages(self, passages: list[dict], progress: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """(vectors float32, owner): the passages embedded as the run ranked them, one vector per passage or, for a
+        sentence-trained retriever, per sentence window (owner[row] = the position of its passage in `passages`;
+        None without windows)."""
+        windows, owner = sentence_windows(passages, self.settings.window_sentences)
+        tokens = tokenize_passages(self.p_tok, windows, self.settings.max_passage_length, self.settings.embed_title)
+        vectors = self._encode(tokens, "passage", self.p_tok.pad_token_id, progress=progress).numpy()
+        if not len(windows):
+            vectors = np.zeros((0, self.dimension), np.float32)
+        return vectors, (owner if self.settings.window_sentences else None)
+
+    def index(self, passages, dtype: str = "float32", bm25: bool = True, progress: bool = True):
+        """An in-memory Index of `passages` (a list of {"title", "text", "passage_id"}, or a JSON-lines file of
+        them; checked as every corpus is, utils.retriever.data.load_passages, before anything is embedded).
+        float16 halves the index's memory for scores within about 1e-3 of float32's (exact: float32). With `bm25`,
+        a BM25 index for the hybrid is built too. For a corpus beyond memory, index_corpus.py writes the index as it
+        goes, from every process."""
+        from utils.retriever.bm25 import BM25
+        from utils.retriever.data import load_passages
+        from utils.retriever.index import Index
+        from utils.retriever.search import Vectors
+
+        if dtype not in ("float32", "float16"):
+            raise UserError(f"index dtype {dtype!r}: choose float32 or float16")
+        passages = load_passages(passages)
+        vectors, owner = self.encode_passages(passages, progress="indexing" if progress else None)
+        return Index([Vectors(vectors.astype(dtype), owner, len(passages))], passages,
+                     BM25(passages) if bm25 else None, self.built_by(), retriever=self)
