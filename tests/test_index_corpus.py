@@ -72,6 +72,25 @@ def test_two_processes_build_what_one_builds_and_each_searches_its_shards(retrie
     assert np.array_equal(whole[1], merged[1]) and np.allclose(whole[0], merged[0])
 
 
+def test_the_index_read_from_disk_is_searched_as_in_memory_across_many_blocks(retriever, tmp_path):
+    """The owners are stored as int32 (utils.retriever.index_files): MaxP over many blocks takes them as int64 ones
+    (a memory-mapped int32 owner made KBest's index_put fail: found serving a real index)."""
+    import torch
+
+    from utils.retriever.search import top_k
+
+    out = tmp_path / "index"
+    run_script("index_corpus.py", *index_args(retriever, out))
+    loaded = Index.load(str(out))
+    v = loaded.shards[0]
+    assert isinstance(v.owner, np.memmap) and v.owner.dtype == np.int32
+    q = loaded.retriever.encode_questions(QUESTIONS)
+    in_memory = Vectors(np.asarray(v.embeddings), np.asarray(v.owner, dtype=np.int64), v.count, v.offset)
+    for k in (5, 30):
+        got, want = top_k(q, v, k, block_rows=8, prefilter=False), top_k(q, in_memory, k, block_rows=8, prefilter=False)
+        assert np.array_equal(got[1], want[1]) and np.array_equal(got[0], want[0])
+
+
 def test_a_killed_build_resumes_to_the_uninterrupted_index(retriever, tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     run_script("index_corpus.py", *index_args(retriever, whole, "--chunk_passages", 1))

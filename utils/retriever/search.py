@@ -82,7 +82,7 @@ def _passage_scores(scores: torch.Tensor, vectors: Vectors, first: int, last: in
         if scores.device.type == "cpu":  # numpy's segment max: one pass, no index tensor
             scores = torch.from_numpy(np.maximum.reduceat(scores.numpy(), local, axis=1))
         else:
-            owner = torch.as_tensor(vectors.owner[vectors.starts[first]:vectors.starts[last]] - first,
+            owner = torch.as_tensor(np.asarray(vectors.owner[vectors.starts[first]:vectors.starts[last]], np.int64) - first,
                                     device=scores.device)
             best = scores.new_full((len(scores), last - first), float("-inf"))
             scores = best.scatter_reduce_(1, owner.expand(len(scores), -1), scores, reduce="amax")
@@ -121,7 +121,7 @@ def _add_windows(best: "KBest", scores: torch.Tensor, rows: torch.Tensor, vector
     if not len(r):
         return
     base = int(vectors.starts[first])
-    passage = torch.from_numpy(vectors.owner[base + c.cpu().numpy()]).to(r.device)
+    passage = torch.from_numpy(np.asarray(vectors.owner[base + c.cpu().numpy()], dtype=np.int64)).to(r.device)
     new = torch.ones(len(r), dtype=torch.bool, device=r.device)
     new[1:] = (r[1:] != r[:-1]) | (passage[1:] != passage[:-1])
     group = new.cumsum(0) - 1
