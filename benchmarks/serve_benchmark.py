@@ -30,13 +30,16 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 
 def start(args, max_batch: int, port: int):
+    """serve.py as its own process, once /health says ready (its output in --out/serve-MAX_BATCH.log)."""
     cmd = [sys.executable, os.path.join(ROOT, "serve.py"), "--retriever", args.retriever, "--reader", args.reader,
            "--port", str(port), "--max_batch", str(max_batch), "--max_questions", "1" if max_batch == 1 else "16"]
     cmd += ["--index", args.index] if args.index else ["--passages", args.passages]
     if args.mixed_precision:
         cmd += ["--mixed_precision", args.mixed_precision]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while True:
+    log = open(os.path.join(args.out, f"serve-{max_batch}.log"), "w")  # the server's own words, if it fails
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + args.start_timeout
+    while time.monotonic() < deadline:
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             conn.request("GET", "/health")
@@ -45,13 +48,17 @@ def start(args, max_batch: int, port: int):
         except OSError:
             pass
         if proc.poll() is not None:
-            raise SystemExit(f"serve.py exited {proc.returncode}")
+            raise SystemExit(f"serve.py exited {proc.returncode}: see {log.name}")
         time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"serve.py not ready after {args.start_timeout} s: see {log.name}")
 
 
 def load(port: int, questions: list[str], k: int, concurrency: int, total: int) -> tuple[list, dict]:
-    """(latencies in seconds, answers by question) of `total` questions asked by `concurrency` clients."""
-    latencies, answers, lock, next_q = [], {}, threading.Lock(), [0]
+    """(latencies in seconds, answers by question) of `total` questions asked by `concurrency` clients. Any failed
+    request (an error status, a broken connection) stops the benchmark with its reason: a row is only printed when
+    every one of its questions was answered."""
+    latencies, answers, lock, next_q, failures = [], {}, threading.Lock(), [0], []
 
     def client():
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -63,11 +70,17 @@ def load(port: int, questions: list[str], k: int, concurrency: int, total: int) 
                 return
             q = questions[i % len(questions)]
             t0 = time.perf_counter()
-            conn.request("POST", "/ask", json.dumps({"question": q, "k": k}), {"Content-Type": "application/json"})
-            response = conn.getresponse()
-            body = json.loads(response.read())
-            if response.status != 200:
-                raise SystemExit(f"/ask answered {response.status}: {body}")
+            try:
+                conn.request("POST", "/ask", json.dumps({"question": q, "k": k}), {"Content-Type": "application/json"})
+                response = conn.getresponse()
+                body = json.loads(response.read())
+                if response.status != 200:
+                    raise RuntimeError(f"/ask answered {response.status}: {body}")
+            except Exception as err:  # noqa: BLE001 - recorded, then the benchmark stops
+                with lock:
+                    failures.append(f"{q!r}: {err}")
+                    next_q[0] = total  # the other clients stop too
+                return
             with lock:
                 latencies.append(time.perf_counter() - t0)
                 a = body["answers"][0]
@@ -78,6 +91,8 @@ def load(port: int, questions: list[str], k: int, concurrency: int, total: int) 
         t.start()
     for t in threads:
         t.join()
+    if failures:
+        raise SystemExit(f"{len(failures)} request(s) failed at concurrency {concurrency}; first: {failures[0]}")
     return latencies, answers
 
 
@@ -98,8 +113,10 @@ def main():
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--requests", type=int, default=320, help="questions asked per concurrency")
     p.add_argument("--memory_questions", type=int, default=5000)
+    p.add_argument("--start_timeout", type=float, default=600, help="seconds to wait for /health to say ready")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
 
     from conftest import free_port
     from utils.squad.files import load_questions
@@ -152,8 +169,8 @@ def main():
                "qa_system_offline_questions_per_second": offline,
                f"batched_over_single_at_{top}": round(batched[top]["questions_per_second"]
                                                       / single[top]["questions_per_second"], 2),
-               f"batched_at_{top}_over_offline": round(batched[top]["questions_per_second"] / offline, 2)}
-    os.makedirs(args.out, exist_ok=True)
+               f"batched_at_{top}_over_offline": round(batched[top]["questions_per_second"] / offline, 2),
+               "memory_growth_percent": round(100 * (memory["after_questions_mb"] / memory["after_rows_mb"] - 1), 1)}
     with open(os.path.join(args.out, "serve_cpu.json"), "w") as f:
         json.dump(summary, f, indent=1)
     lines = [f"Machine: {summary['machine']}; k = {args.k}, precision {args.mixed_precision}; "
@@ -165,7 +182,7 @@ def main():
               f"{summary[f'batched_over_single_at_{top}']}x one at a time, {summary[f'batched_at_{top}_over_offline']}x "
               f"offline", f"server RSS: {memory.get('after_start_mb')} MB after start, {memory.get('after_rows_mb')} MB "
               f"after the rows above, {memory.get('after_questions_mb')} MB after {memory.get('after_questions')} more "
-              "questions"]
+              f"questions ({summary['memory_growth_percent']:+.1f}% over the warmed-up server)"]
     with open(os.path.join(args.out, "serve_cpu.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
