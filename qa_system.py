@@ -156,7 +156,8 @@ def main(argv=None):
         k = bands[-1]
         ranking = "hybrid with BM25" if system.hybrid else "dense" if system.index else "BM25"
         precisions = system.precisions
-        accelerator.print(f"qa: {len(system.passages)} passages, ranking {ranking}, k={bands}; precision "
+        accelerator.print(f"qa: {len(system.passages)} passages, ranking {ranking}, k={bands}, answer rule "
+                          f"{'question (shared normalization)' if system.shared else 'window'}; precision "
                           + ", ".join(f"{part} {p}" for part, p in precisions.items())
                           + (" (as trained)" if args.mixed_precision is None else "") + (f"\nqa: {clamped}" if clamped else ""))
 
@@ -178,7 +179,7 @@ def main(argv=None):
                 return args.no_answer_threshold
             if tuning_readings is None:
                 return system.recorded_threshold
-            return tune_threshold(validation, combined_at(tuning_readings, kk))
+            return tune_threshold(validation, combined_at(tuning_readings, kk, system.shared))
 
         thresholds = {kk: threshold(v_readings, kk) for kk in bands}
 
@@ -190,16 +191,18 @@ def main(argv=None):
                    "reading_share": reading_share(times, kk)}
             if is_labelled:
                 row["recall"] = recall(questions, retrieved, kk)
-                row.update(scores(questions, combined_at(readings, kk), thresholds[kk]))
+                row.update(scores(questions, combined_at(readings, kk, system.shared), thresholds[kk]))
             rows.append(row)
         ceiling = None
         if gold is not None:
             gold_threshold = threshold(v_gold, 1)
-            ceiling = {"threshold": gold_threshold, **scores(questions, combined_at(gold, 1), gold_threshold)}
-        write_outputs(accelerator, out, questions, retrieved, readings, top_k, thresholds[top_k])
+            ceiling = {"threshold": gold_threshold,
+                       **scores(questions, combined_at(gold, 1, system.shared), gold_threshold)}
+        write_outputs(accelerator, out, questions, retrieved, readings, top_k, thresholds[top_k], system.shared)
         write_json(accelerator, os.path.join(out, "eval_results.json"),
                    {"retriever": args.retriever, "reader": args.reader, "questions": args.questions,
                     "passages": len(system.passages), "hybrid": system.hybrid, "threshold_source": source,
+                    "rule": "question" if system.shared else "window",
                     "processes": accelerator.num_processes, "precision": precisions,
                     "precision_as_trained": args.mixed_precision is None, "k_note": clamped, "rows": rows,
                     "gold_paragraphs": ceiling})
@@ -224,7 +227,7 @@ def _fmt(value):
     return f"{value:.2f}" if isinstance(value, float) else value
 
 
-def write_outputs(accelerator, directory, questions, retrieved, readings, top_k, threshold) -> None:
+def write_outputs(accelerator, directory, questions, retrieved, readings, top_k, threshold, shared) -> None:
     """predictions.json ({id: answer text}, the official SQuAD v2 evaluation's input) and details.jsonl: per
     question its answer at top_k, the passage it was taken from and its score (null on an abstention), its
     offsets in that passage, and every passage read (retrieval score, best span, span and null scores; null for a
@@ -234,13 +237,16 @@ def write_outputs(accelerator, directory, questions, retrieved, readings, top_k,
     predictions = {}
     with open(os.path.join(directory, "details.jsonl"), "w", encoding="utf-8") as f:
         for q, passages, reads in zip(questions, retrieved, readings):
-            a = answer_of(combine(reads[:top_k]), threshold, passages[:top_k], reads[:top_k])
+            a = answer_of(combine(reads[:top_k], shared), threshold, passages[:top_k], reads[:top_k])
             predictions[q["id"]] = a["answer"]
             f.write(json_line({"id": q["id"], "question": q["question"], "answer": a["answer"],
                                "passage_id": a["passage_id"], "score": a["score"], "start": a["start"],
-                               "end": a["end"], "top_k": top_k,
+                               "end": a["end"], "no_answer_probability": a["no_answer_probability"], "top_k": top_k,
+                               "rule": "question" if shared else "window",
                                "passages": [{"passage_id": p["passage_id"], "score": p["score"], "span": r["text"],
-                                             "span_score": r["score"], "null_score": r["null_score"]}
+                                             "span_score": r["score"], "null_score": r["null_score"],
+                                             "nbest": [{"text": x["text"], "score": x["score"]} for x in r["nbest"]],
+                                             **{k: r[k] for k in ("null_start", "null_end", "lse_start", "lse_end")}}
                                             for p, r in zip(passages, reads)]}) + "\n")
     write_json(accelerator, os.path.join(directory, "predictions.json"), predictions)
 

@@ -49,9 +49,11 @@ from utils.loop.run import run
 from utils.reader.decoding import MODEL_INPUTS
 from utils.reader.evaluate_or_predict import evaluate_or_predict
 from utils.reader.negatives import with_negative_passages
+from utils.retriever.data import load_passages
 from utils.reader.squad_data import load_train_and_dev
 from utils.squad.files import is_impossible
-from utils.reader.task import ReaderTask, prepare_eval_set
+from utils.reader.groups import QuestionGroups
+from utils.reader.task import GroupedReaderTask, ReaderTask, prepare_eval_set
 from utils.reader.trained import ReaderSettings, load_qa_model
 from utils.reader.windows import check_tokenizer
 from utils.reader.windows_cache import tokenize_windows
@@ -95,7 +97,8 @@ class ReaderArgs(TrainArgs):
     learning_rate: float = arg(1e-4, "Peak learning rate of AdamW.")
     num_train_epochs: Optional[float] = arg(None, "Training epochs (fractions allowed; default 8 on the shipped "
                                             "sample, 2 otherwise). Ignored if --max_train_steps is set.")
-    per_device_train_batch_size: int = arg(16, "Micro-batch size per process (in windows).")
+    per_device_train_batch_size: int = arg(16, "Micro-batch size per process: windows, or with "
+                                                "--passages_per_question questions (with all their passages' windows).")
     metric_for_best_model: str = arg(
         "f1", "Metric that picks the best model and drives early stopping, all higher-is-better: exact, f1, "
         "HasAns_exact, HasAns_f1, NoAns_exact, NoAns_f1 (at null threshold 0; HasAns/NoAns where the dev set has such "
@@ -105,10 +108,16 @@ class ReaderArgs(TrainArgs):
     negative_passages: int = arg(0, "Per training question and epoch, N passages of --passages that hold none of its "
                                  "answer strings, read as unanswerable windows (drawn anew each epoch from its "
                                  "best-ranked ones): teaches a reader that will read retrieved passages to abstain.")
-    passages: Optional[str] = arg(None, "The corpus the negative passages come from (JSON lines of title/text/"
-                                        "passage_id).")
-    negatives_retriever: Optional[str] = arg(None, "Rank the negative passages with this trained retriever "
-                                                   "(train_dpr.py's output) instead of BM25.")
+    passages_per_question: int = arg(1, "Read each training question with M - 1 passages of --passages retrieved for "
+                                        "it beside its own paragraph (drawn anew each epoch from its best-ranked ones; "
+                                        "one holding an answer string is a positive), all their windows sharing one "
+                                        "softmax for the start and one for the end (shared normalization): a reader "
+                                        "whose scores compare across the passages the QA system gives it, with one "
+                                        "no-answer decision per question. 1: one paragraph at a time.")
+    passages: Optional[str] = arg(None, "The corpus the negative or retrieved passages come from (JSON lines of "
+                                        "title/text/passage_id).")
+    negatives_retriever: Optional[str] = arg(None, "Rank the negative or retrieved passages with this trained "
+                                                   "retriever (train_dpr.py's output) instead of BM25.")
     preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
     cache_dir: Optional[str] = arg(None, "Cache for tokenised datasets (default: ~/.cache/qa-amp).")
 
@@ -125,10 +134,18 @@ class ReaderArgs(TrainArgs):
         check_input_files(self, "train_file", "validation_file", "predict_file", "passages")
         if self.negative_passages < 0:
             raise UserError("--negative_passages must be >= 0")
-        if (self.negative_passages > 0) != (self.passages is not None) or (self.negatives_retriever
-                                                                              and not self.negative_passages):
-            raise UserError("--negative_passages N needs --passages (the corpus), and --passages and "
-                            "--negatives_retriever are for --negative_passages")
+        if self.passages_per_question < 1:
+            raise UserError("--passages_per_question must be at least 1")
+        retrieving = self.negative_passages > 0 or self.passages_per_question > 1
+        if self.negative_passages and self.passages_per_question > 1:
+            raise UserError("--negative_passages and --passages_per_question are two ways to read retrieved passages: "
+                            "give one")
+        if retrieving and self.passages is None:
+            raise UserError(f"{'--negative_passages N' if self.negative_passages else '--passages_per_question M'} "
+                            "needs --passages (the corpus its passages come from)")
+        if not retrieving and (self.passages is not None or self.negatives_retriever):
+            raise UserError("--passages and --negatives_retriever are for --negative_passages N or "
+                            "--passages_per_question M (more than 1)")
         check_model_dir(self.model_name_or_path, "model_name_or_path")
         recorded = ReaderSettings.load(self.model_name_or_path) or ReaderSettings()
         for name in ("max_seq_length", "doc_stride", "max_query_length", "n_best_size", "max_answer_length"):
@@ -191,27 +208,40 @@ def main(argv=None):
         return evaluate_or_predict(accelerator, args, tokenizer, collate)
     train_examples, dev_examples = load_train_and_dev(args)
     with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)
-    train_features = tokenize_windows(accelerator, args, tokenizer, train_examples, for_training=True)
-    if len(train_features) == 0:
-        raise UserError("no training windows after tokenisation")
-    epoch_items = None
-    if args.negative_passages:  # + unanswerable windows from retrieved passages, drawn anew each epoch
-        train_features, epoch_items, pool = with_negative_passages(accelerator, args, tokenizer, train_examples,
-                                                                   train_features)
-        logger.info("train: + %d negative passages per question per epoch, from a pool of %d", args.negative_passages,
-                    pool)
-    inputs = [c for c in MODEL_INPUTS if c in train_features.column_names]
-    batch_sampler = LengthGroupedBatchSampler([len(x) for x in train_features["input_ids"]],
-                                              args.per_device_train_batch_size, args.seed, args.group_by_length,
-                                              epoch_items=epoch_items)
-    train_loader = DataLoader(train_features.select_columns(inputs + ["start_positions", "end_positions"]),
-                              batch_sampler=batch_sampler, collate_fn=collate,
-                              # Own generator: creating an iterator must not draw from the global RNG, or a
-                              # resumed run's dropout masks would differ from an uninterrupted run's.
-                              generator=torch.Generator().manual_seed(args.seed))
+    # Own generator: creating an iterator must not draw from the global RNG, or a resumed run's dropout masks would
+    # differ from an uninterrupted run's.
+    generator = torch.Generator().manual_seed(args.seed)
+    groups = None
+    if args.passages_per_question > 1:  # each question with M - 1 retrieved passages, one softmax over their windows
+        groups = QuestionGroups(accelerator, args, tokenizer, train_examples, load_passages(args.passages))
+        batch_sampler = LengthGroupedBatchSampler(groups.lengths(), args.per_device_train_batch_size, args.seed,
+                                                  args.group_by_length)
+        train_loader = DataLoader(list(range(len(groups))), batch_sampler=batch_sampler, collate_fn=torch.tensor,
+                                  generator=generator)
+        windows = int(groups.row_lengths.size)
+        logger.info("train: %d questions, each with its paragraph and %d of a pool of up to %d retrieved passages "
+                    "(%d windows tokenised)", len(groups), args.passages_per_question - 1,
+                    max(len(p) for p in groups.pools), windows)
+    else:
+        train_features = tokenize_windows(accelerator, args, tokenizer, train_examples, for_training=True)
+        if len(train_features) == 0:
+            raise UserError("no training windows after tokenisation")
+        epoch_items = None
+        if args.negative_passages:  # + unanswerable windows from retrieved passages, drawn anew each epoch
+            train_features, epoch_items, pool = with_negative_passages(accelerator, args, tokenizer, train_examples,
+                                                                       train_features)
+            logger.info("train: + %d negative passages per question per epoch, from a pool of %d",
+                        args.negative_passages, pool)
+        inputs = [c for c in MODEL_INPUTS if c in train_features.column_names]
+        batch_sampler = LengthGroupedBatchSampler([len(x) for x in train_features["input_ids"]],
+                                                  args.per_device_train_batch_size, args.seed, args.group_by_length,
+                                                  epoch_items=epoch_items)
+        train_loader = DataLoader(train_features.select_columns(inputs + ["start_positions", "end_positions"]),
+                                  batch_sampler=batch_sampler, collate_fn=collate, generator=generator)
+        windows = len(train_features)
     dev = prepare_eval_set(accelerator, args, tokenizer, dev_examples, collate)
     logger.info("train: %d examples -> %d windows; dev: %d examples -> %d windows; SQuAD %s",
-                len(train_examples), len(train_features), len(dev_examples), len(dev.features),
+                len(train_examples), windows, len(dev_examples), len(dev.features),
                 "v2 (with unanswerable questions)" if with_no_answer else "v1.1")
 
     # --- model ---------------------------------------------------------------------------------------
@@ -220,8 +250,9 @@ def main(argv=None):
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
 
     # --- fit, validate, publish ----------------------------------------------------------------------
-    run(accelerator, args, ReaderTask(accelerator, args, tokenizer, dev, with_no_answer), model, optimizer,
-        train_loader)
+    task = (GroupedReaderTask(accelerator, args, tokenizer, dev, with_no_answer, groups, batch_sampler) if groups
+            else ReaderTask(accelerator, args, tokenizer, dev, with_no_answer))
+    run(accelerator, args, task, model, optimizer, train_loader)
 
 
 if __name__ == "__main__":

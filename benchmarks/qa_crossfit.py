@@ -8,7 +8,12 @@ half and applied to the other, and the answers of both halves are scored togethe
 
     python benchmarks/qa_crossfit.py --run outputs/qa --questions ../shared/data/squad/dev.json
 
-Prints, per k: F1 at the upper-bound threshold (tuned on all of the file) and cross-fitted, EM, HasAns/NoAns F1.
+Prints, per k: F1 at the upper-bound threshold (tuned on all of the file) and cross-fitted, EM, HasAns/NoAns F1;
+and whether the no-answer decision transfers to a set with another share of unanswerable questions: the threshold
+tuned on one half as it is, the other half scored reweighted to half unanswerable (F1 = the mean of its HasAns and
+NoAns F1; abstaining on every question scores 50 there), both ways round. With --abstain_on probability (a reader
+trained with shared normalization) the threshold is on the question's probability of no answer instead of the log
+ratio of the no-answer to the best span.
 """
 
 import argparse
@@ -32,7 +37,8 @@ def paragraph_of(path: str) -> dict:
 
 
 def readings_of(path: str) -> dict:
-    """Question id -> its passages' readings, in retrieval order, as utils.system.answer.combine takes them. A
+    """Question id -> (its passages' readings, in retrieval order, as utils.system.answer.combine takes them, and
+    whether the reader's rule is the shared one). A
     passage without a span has span_score -inf, written as null in the strict JSON of details.jsonl (its null score
     likewise, +inf)."""
     out = {}
@@ -44,8 +50,10 @@ def readings_of(path: str) -> dict:
                 span = -math.inf if p["span_score"] is None else p["span_score"]
                 null = math.inf if p["null_score"] is None else p["null_score"]
                 readings.append({"passage_id": p["passage_id"], "text": p["span"], "score": span, "null_score": null,
-                                 "null_minus_best": null - span if p["span"] else math.inf})
-            out[row["id"]] = readings
+                                 "null_minus_best": null - span if p["span"] else math.inf,
+                                 "nbest": p.get("nbest"),
+                                 **{k: p.get(k) for k in ("null_start", "null_end", "lse_start", "lse_end")}})
+            out[row["id"]] = (readings, row.get("rule") == "question")
     return out
 
 
@@ -54,6 +62,12 @@ def main():
     parser.add_argument("--run", required=True, help="a qa_system.py output directory (its details.jsonl)")
     parser.add_argument("--questions", required=True, help="the labelled SQuAD JSON the run answered")
     parser.add_argument("--k", type=int, nargs="+", default=[1, 3, 5, 10])
+    parser.add_argument("--abstain_on", choices=["ratio", "probability"], default="ratio",
+                        help="what the threshold compares: the log ratio of the no-answer to the best span (the "
+                             "system's rule), or the probability of no answer (shared-normalization readers)")
+    parser.add_argument("--aggregate", action="store_true",
+                        help="answer by answer string: the summed probability of its spans over the passages "
+                             "(shared-normalization readers; utils.system.answer)")
     args = parser.parse_args()
 
     questions = load_questions(args.questions, need_context=False)
@@ -61,11 +75,15 @@ def main():
     halves = [[q for q in questions if paragraph[q["id"]] % 2 == h] for h in (0, 1)]
     print(f"{args.run}: {len(questions)} questions, halves of {len(halves[0])} / {len(halves[1])} questions "
           f"({len(set(paragraph.values()))} paragraphs)")
-    print("| k | F1 (threshold tuned on the file: upper bound) | F1 cross-fitted | EM | HasAns F1 | NoAns F1 |")
-    print("|---|---|---|---|---|---|")
+    print("| k | F1 (threshold tuned on the file: upper bound) | F1 cross-fitted | EM | HasAns F1 | NoAns F1 | "
+          "F1 at 50% unanswerable, threshold tuned on the other half (A->B, B->A, mean; abstaining: 50) |")
+    print("|---|---|---|---|---|---|---|")
     for k in args.k:
         def combined(qs):
-            return [combine(readings[q["id"]][:k]) for q in qs]
+            views = [combine(readings[q["id"]][0][:k], readings[q["id"]][1], args.aggregate) for q in qs]
+            if args.abstain_on == "probability":
+                views = [dict(c, null_minus_best=c["no_answer_probability"]) for c in views]
+            return views
 
         upper = scores(questions, combined(questions), tune_threshold(questions, combined(questions)))
         # each half answered at the threshold tuned on the other half; both scored together
@@ -75,8 +93,14 @@ def main():
             answered += halves[h]
             views += [dict(c, threshold=threshold) for c in combined(halves[h])]
         crossed = _scores_at_own_thresholds(answered, views)
+        shifted = []
+        for h in (0, 1):  # tuned on one half as it is, scored on the other reweighted to half unanswerable
+            threshold = tune_threshold(halves[1 - h], combined(halves[1 - h]))
+            other = scores(halves[h], combined(halves[h]), threshold)
+            shifted.append((other.get("HasAns_f1", float("nan")) + other.get("NoAns_f1", float("nan"))) / 2)
         print(f"| {k} | {upper['f1']:.2f} | {crossed['f1']:.2f} | {crossed['exact']:.2f} | "
-              f"{crossed.get('HasAns_f1', float('nan')):.2f} | {crossed.get('NoAns_f1', float('nan')):.2f} |")
+              f"{crossed.get('HasAns_f1', float('nan')):.2f} | {crossed.get('NoAns_f1', float('nan')):.2f} | "
+              f"{shifted[1]:.2f}, {shifted[0]:.2f}, {sum(shifted) / 2:.2f} |")
 
 
 def _scores_at_own_thresholds(questions, views):

@@ -58,3 +58,10 @@ def test_negatives_need_their_corpus(tiny_bert_dir, tmp_path):
     proc = run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", tmp_path / "o",
                       "--negative_passages", 1, check=False)
     assert_user_error(proc, "--negative_passages N needs --passages")
+    proc = run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", tmp_path / "o",
+                      "--passages_per_question", 4, check=False)
+    assert_user_error(proc, "--passages_per_question M needs --passages")
+    proc = run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", tmp_path / "o",
+                      "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--passages_per_question", 1, check=False)
+    assert_user_error(proc, "--passages and --negatives_retriever are for")
+    assert not os.path.exists(tmp_path / "o")

@@ -7,6 +7,13 @@ tokens are dropped, and the highest start+end logit sum wins. The null score is 
 over the windows (the window most sure there is an answer). `null_minus_best` = null score - best span score is
 what the SQuAD v2 threshold compares: predict no answer when it exceeds the threshold (0 by default; tuned on dev
 by utils.reader.metrics).
+
+A reader trained with shared normalization (utils.reader.shared_norm) has one no-answer per question, over all its
+windows: its null score is the log-sum-exp of the windows' [CLS] start logits plus that of their end logits (the
+log of its no-answer probability, up to the normalisers that a span's score shares), so `null_minus_best` is the
+log ratio of the no-answer's probability to the best span's. Every example also carries what combining passages
+needs: `null_start`/`null_end` (those log-sum-exps) and `lse_start`/`lse_end` (the log-sum-exp over every position
+a start or end may take: context tokens and [CLS]).
 """
 
 from collections import defaultdict
@@ -16,14 +23,21 @@ import numpy as np
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
+def _lse(values) -> float:
+    values = np.asarray(values, dtype=np.float64)
+    top = values.max()
+    return float(top + np.log(np.exp(values - top).sum()))
+
+
 def decode_spans(example_ids, features_example_ids, features_offsets, start_logits, end_logits,
-                       n_best_size=20, max_answer_length=30, contexts=None):
+                 n_best_size=20, max_answer_length=30, contexts=None, shared: bool = False):
     """Return {example_id: {"text", "score", "null_score", "null_minus_best", "nbest"}} for every example id.
 
     features_* are aligned with the rows of start_logits/end_logits (float arrays, one row per window,
     possibly of different lengths); contexts maps example id -> context string. "nbest" lists the
     `n_best_size` best distinct spans over all windows, best first, as {"text", "score", "start", "end"}
-    (character offsets into the context); "text"/"score" are its first entry.
+    (character offsets into the context); "text"/"score" are its first entry. `shared`: the null score of a reader
+    trained with shared normalization (see the module docstring).
     """
     windows = defaultdict(list)
     for f, ex_id in enumerate(features_example_ids):
@@ -31,10 +45,16 @@ def decode_spans(example_ids, features_example_ids, features_offsets, start_logi
     results = {}
     for ex_id in example_ids:
         spans, null_score = {}, np.inf  # (start char, end char) -> best score of that span over the windows
+        cls_s, cls_e, all_s, all_e = [], [], [], []
         for f in windows[ex_id]:
             starts, ends, offsets = np.asarray(start_logits[f]), np.asarray(end_logits[f]), features_offsets[f]
             n = min(len(offsets), len(starts))
             null_score = min(null_score, float(starts[0] + ends[0]))
+            allowed = [0] + [k for k in range(n) if offsets[k] is not None]
+            cls_s.append(starts[0])
+            cls_e.append(ends[0])
+            all_s.append(_lse(starts[allowed]))
+            all_e.append(_lse(ends[allowed]))
             top_starts = np.argsort(starts[:n])[::-1][:n_best_size]
             top_ends = np.argsort(ends[:n])[::-1][:n_best_size]
             for s in top_starts:
@@ -50,8 +70,11 @@ def decode_spans(example_ids, features_example_ids, features_offsets, start_logi
         best = sorted(spans.items(), key=lambda item: (-item[1], item[0]))[:n_best_size]
         nbest = [{"text": contexts[ex_id][a:b], "score": score, "start": a, "end": b} for (a, b), score in best]
         top = nbest[0] if nbest else {"text": "", "score": -np.inf}
+        stats = {"null_start": _lse(cls_s), "null_end": _lse(cls_e), "lse_start": _lse(all_s), "lse_end": _lse(all_e)}
+        if shared:
+            null_score = stats["null_start"] + stats["null_end"]
         results[ex_id] = {"text": top["text"], "score": top["score"], "null_score": null_score,
-                          "null_minus_best": null_score - top["score"] if nbest else np.inf, "nbest": nbest}
+                          "null_minus_best": null_score - top["score"] if nbest else np.inf, "nbest": nbest, **stats}
     return results
 
 
@@ -77,8 +100,8 @@ def span_logits(model, loader, gather=None, progress: str | None = None) -> tupl
     return starts, ends
 
 
-def decode_examples(examples: list[dict], features, starts, ends, settings) -> dict:
-    """{example id: best span, its score, the null score, the n best spans} (see qa_decoding)."""
+def decode_examples(examples: list[dict], features, starts, ends, settings, shared: bool = False) -> dict:
+    """{example id: best span, its score, the null score, the n best spans} (see decode_spans)."""
     return decode_spans([ex["id"] for ex in examples], features["example_id"], features["offset_mapping"],
-                              starts, ends, settings.n_best_size, settings.max_answer_length,
-                              {ex["id"]: ex["context"] for ex in examples})
+                        starts, ends, settings.n_best_size, settings.max_answer_length,
+                        {ex["id"]: ex["context"] for ex in examples}, shared)

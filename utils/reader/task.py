@@ -48,6 +48,9 @@ class ReaderTask(Task):
         self.dev, self.with_no_answer, self.recorded = dev, with_no_answer, recorded
         self.null_threshold = None  # of the latest evaluation: what the weights saved next answer with
         self.dev_fingerprint = fingerprint(dev.examples)
+        # the no-answer rule: a reader trained with shared normalization (or being evaluated as one) has one per
+        # question, over all its windows (utils.reader.decoding)
+        self.shared = recorded.shared if recorded is not None else getattr(args, "passages_per_question", 1) > 1
 
     @property
     def metric_directions(self) -> dict[str, str]:
@@ -75,7 +78,7 @@ class ReaderTask(Task):
         acc = self.accelerator
         gather = lambda t: acc.gather_for_metrics(acc.pad_across_processes(t, dim=1, pad_index=-1e4))  # noqa: E731
         starts, ends = span_logits(model, eval_set.loader, gather)
-        return decode_examples(eval_set.examples, eval_set.features, starts, ends, self.args)
+        return decode_examples(eval_set.examples, eval_set.features, starts, ends, self.args, shared=self.shared)
 
     def evaluate(self, model) -> dict:
         decoded = self.spans(model, self.dev)
@@ -116,7 +119,9 @@ class ReaderTask(Task):
                                           else f"{a.dataset_name} validation"),
             "questions": len(self.dev.examples), "fingerprint": self.dev_fingerprint}
         ReaderSettings(a.max_seq_length, a.doc_stride, a.max_query_length, a.n_best_size, a.max_answer_length,
-                       self.null_threshold, tuned_on, precision=self.accelerator.mixed_precision).save(directory)
+                       self.null_threshold, tuned_on, precision=self.accelerator.mixed_precision,
+                       normalization="question" if self.shared else "window",
+                       passages_per_question=a.passages_per_question).save(directory)
 
     def write_outputs(self, directory, result):
         write_json(self.accelerator, os.path.join(directory, "predictions.json"), result["predictions"])
@@ -128,3 +133,34 @@ class ReaderTask(Task):
 
     def load(self, model, directory):
         load_weights(model, os.path.join(directory, "model.safetensors"))
+
+
+class GroupedReaderTask(ReaderTask):
+    """The reader trained with shared normalization (train_reader.py --passages_per_question M): the loader yields
+    question indices, a batch is all the windows of the passages those questions read this epoch
+    (utils.reader.groups), and the loss shares one softmax per question across them (utils.reader.shared_norm).
+    Evaluation, saving and outputs are the reader's, with the one no-answer per question rule."""
+
+    samples_name = "questions"
+
+    def __init__(self, accelerator, args, tokenizer, dev, with_no_answer, groups, sampler):
+        super().__init__(accelerator, args, tokenizer, dev, with_no_answer)
+        self.groups, self.sampler = groups, sampler  # the sampler knows the epoch (the loop sets it)
+
+    def model_inputs(self, batch):
+        from accelerate.utils import send_to_device
+
+        return send_to_device(self.groups.batch(batch.tolist(), self.sampler.epoch), self.accelerator.device)
+
+    def compute_loss(self, model, batch):
+        from utils.reader.shared_norm import shared_norm_loss
+
+        out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
+        return shared_norm_loss(out.start_logits, out.end_logits, batch)
+
+    @staticmethod
+    def samples_in(batch):
+        return len(batch)  # the loader yields question indices
+
+    def tokens_in(self, batch):
+        return self.groups.tokens(batch.tolist(), self.sampler.epoch)

@@ -53,6 +53,15 @@ class ReaderSettings:
     # The autocast the run trained and evaluated with ("no", "bf16", "fp16"; None: not recorded, read as "no"): the
     # Reader API, the evaluation mode and the QA system read at it by default, as trained.
     precision: str | None = None
+    # How it was trained: "window" (each window its own softmax: a paragraph at a time) or "question" (shared
+    # normalization over all the windows of `passages_per_question` passages read with a question,
+    # utils.reader.shared_norm): which no-answer rule it reads with (utils.reader.decoding, utils.system.answer).
+    normalization: str = "window"
+    passages_per_question: int = 1
+
+    @property
+    def shared(self) -> bool:
+        return self.normalization == "question"
 
     def save(self, directory: str) -> None:
         with open(os.path.join(directory, SETTINGS_FILE), "w") as f:
@@ -167,9 +176,9 @@ class Reader:
         return out
 
     @torch.no_grad()
-    def spans(self, examples: list[dict], progress: str | None = None) -> dict:
+    def spans(self, examples: list[dict], progress: str | None = None, shared: bool | None = None) -> dict:
         """Windows, forward passes in batches of `batch_size` (padded as in evaluation), span decoding. `progress`
-        names a progress bar over the windows."""
+        names a progress bar over the windows; `shared`: the no-answer rule (default: the one it was trained for)."""
         s = self.settings
         features = prepare_eval_features({k: [ex[k] for ex in examples] for k in ("id", "question", "context")},
                                          self.tokenizer, s.max_seq_length, s.doc_stride, s.max_query_length)
@@ -185,4 +194,4 @@ class Reader:
         starts, ends = [None] * len(rows), [None] * len(rows)
         for position, i in enumerate(order):
             starts[i], ends[i] = sorted_starts[position], sorted_ends[position]
-        return decode_examples(examples, features, starts, ends, s)
+        return decode_examples(examples, features, starts, ends, s, shared=s.shared if shared is None else shared)

@@ -91,3 +91,37 @@ def prepare_negative_features(batch, tokenizer, max_seq_length, doc_stride, max_
     enc["start_positions"] = [0] * len(enc["input_ids"])
     enc["end_positions"] = [0] * len(enc["input_ids"])
     return enc
+
+
+def prepare_group_features(batch, tokenizer, max_seq_length, doc_stride, max_query_length):
+    """datasets.map function for readers trained with shared normalization: (question, passage) pairs -> windows,
+    each with its pair, where its context starts and ends, and the token spans of every answer occurrence it holds
+    whole (`starts`/`ends`: lists, empty when it holds none). The loss pools a question's windows
+    (utils.reader.shared_norm)."""
+    enc = _windows(batch, tokenizer, max_seq_length, doc_stride, max_query_length)
+    sample_map = enc.pop("overflow_to_sample_mapping")
+    offsets_all = enc.pop("offset_mapping")
+    for key in ("pair", "context_start", "context_end", "starts", "ends"):
+        enc[key] = []
+    for i, offsets in enumerate(offsets_all):
+        seq_ids = enc.sequence_ids(i)
+        ctx_start = seq_ids.index(1)
+        ctx_end = len(seq_ids) - 1 - seq_ids[::-1].index(1)
+        starts, ends = [], []
+        for start_char, end_char in batch["spans"][sample_map[i]]:
+            if not (offsets[ctx_start][0] <= start_char and offsets[ctx_end][1] >= end_char):
+                continue  # not whole in this window
+            start = ctx_start
+            while start <= ctx_end and offsets[start][0] <= start_char:
+                start += 1
+            end = ctx_end
+            while end >= ctx_start and offsets[end][1] >= end_char:
+                end -= 1
+            starts.append(start - 1)
+            ends.append(end + 1)
+        enc["pair"].append(batch["pair"][sample_map[i]])
+        enc["context_start"].append(ctx_start)
+        enc["context_end"].append(ctx_end)
+        enc["starts"].append(starts)
+        enc["ends"].append(ends)
+    return enc

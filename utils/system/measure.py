@@ -20,9 +20,10 @@ def references(questions: list[dict]) -> dict:
     return {q["id"]: q["answers"]["text"] for q in questions}
 
 
-def combined_at(readings: list[list[dict]], k: int) -> list[dict]:
-    """The system's view of each question from its first k passages."""
-    return [combine(passages[:k]) for passages in readings]
+def combined_at(readings: list[list[dict]], k: int, shared: bool = False) -> list[dict]:
+    """The system's view of each question from its first k passages (`shared`: the rule of a reader trained with
+    shared normalization, utils.system.answer)."""
+    return [combine(passages[:k], shared) for passages in readings]
 
 
 def tune_threshold(questions: list[dict], combined: list[dict]) -> float:

@@ -21,20 +21,27 @@ from utils.retriever.index import Index, check_k, question_list, ranked_passages
 from utils.retriever.retriever import Retriever
 from utils.system.answer import answer, combine
 
+NBEST_KEPT = 5  # spans of each passage kept for answering by answer string (utils.system.answer, aggregate)
+
 
 class QASystem:
     def __init__(self, retriever, reader, passages=None, index=None, hybrid: bool | None = None,
                  device: str | None = None, precision: str | None = None, batch_size: int = 64,
-                 progress: bool = False):
+                 progress: bool = False, rule: str | None = None):
         """`retriever`: a directory written by train_dpr.py (or its loaded `Retriever`), or "bm25". `reader`: a
         directory written by train_reader.py (or its loaded `Reader`). `passages`: the corpus (a JSON-lines file or a
         list of {"title", "text", "passage_id"}, checked by utils.retriever.data.load_passages), or `index`: an Index
         of it (or its directory). `hybrid`: fuse the dense ranking with BM25 at the retriever's recorded weight
         (default: when it has one). `precision`: the autocast of both models ("no", "bf16", "fp16"); default: each
-        model's own, as trained. `progress`: progress bars while indexing and reading."""
+        model's own, as trained. `progress`: progress bars while indexing and reading. `rule`: how answers are
+        chosen across passages, "window" or "question" (utils.system.answer); default: the one the reader was trained
+        for (reader_settings.json)."""
         if (passages is None) == (index is None):
             raise UserError("give the corpus as passages, or as an index of it (one of them)")
         self.progress = progress
+        if rule not in (None, "window", "question"):
+            raise UserError(f"rule {rule!r}: choose window or question")
+        self.rule = rule
         self.reader = reader if isinstance(reader, Reader) else Reader(
             reader, device=device, batch_size=batch_size, precision=precision, sort_by_length=True)
         if isinstance(retriever, str) and retriever == "bm25":
@@ -62,6 +69,12 @@ class QASystem:
         return self.reader.settings.null_threshold
 
     @property
+    def shared(self) -> bool:
+        """Whether answers follow the shared rule (a reader trained with shared normalization, unless told
+        otherwise): one no-answer per question over every passage read (utils.system.answer)."""
+        return self.reader.settings.shared if self.rule is None else self.rule == "question"
+
+    @property
     def precisions(self) -> dict:
         """The precision each part runs at: {"reader", "retriever", "index" (the passage vectors')}."""
         out = {"reader": self.reader.precision}
@@ -79,11 +92,13 @@ class QASystem:
 
     def read(self, questions: list[str], retrieved: list[list[dict]]) -> list[list[dict]]:
         """Per question, per passage read: {"passage_id", "text" (its best span), "start"/"end" (its character
-        offsets in the passage; None without a span), "score", "null_score", "null_minus_best"}, in retrieval
-        order. Every (question, passage) pair goes through the reader's one decoding, in batches."""
+        offsets in the passage; None without a span), "score", "null_score", "null_minus_best", and the log-sum-exps
+        the shared rule combines ("null_start", "null_end", "lse_start", "lse_end")}, in retrieval order. Every
+        (question, passage) pair goes through the reader's one decoding, in batches."""
         examples = [{"id": f"{i}:{r}", "question": q, "context": p["text"]}
                     for i, (q, passages) in enumerate(zip(questions, retrieved)) for r, p in enumerate(passages)]
-        decoded = self.reader.spans(examples, progress="reading" if self.progress else None) if examples else {}
+        decoded = self.reader.spans(examples, progress="reading" if self.progress else None,
+                                    shared=self.shared) if examples else {}
         out = []
         for i, passages in enumerate(retrieved):
             row = []
@@ -92,7 +107,8 @@ class QASystem:
                 span = d["nbest"][0] if d["nbest"] else {"start": None, "end": None}
                 row.append({"passage_id": p["passage_id"], "text": d["text"], "start": span["start"],
                             "end": span["end"], "score": d["score"], "null_score": d["null_score"],
-                            "null_minus_best": d["null_minus_best"]})
+                            "null_minus_best": d["null_minus_best"], "nbest": d["nbest"][:NBEST_KEPT],
+                            **{k: d[k] for k in ("null_start", "null_end", "lse_start", "lse_end")}})
             out.append(row)
         return out
 
@@ -113,7 +129,7 @@ class QASystem:
             check_k(each)
         threshold = self.recorded_threshold if threshold == "recorded" else threshold
         retrieved = [hits[:each] for hits, each in zip(self.retrieve(questions, max(ks, default=1)), ks)]
-        out = [answer_of(combine(readings), threshold, passages, readings)
+        out = [answer_of(combine(readings, self.shared), threshold, passages, readings)
                for passages, readings in zip(retrieved, self.read(questions, retrieved))]
         return out[0] if one else out
 
@@ -123,7 +139,10 @@ def answer_of(combined: dict, threshold: float | None, passages: list[dict], rea
     text = answer(combined, threshold)
     chosen = next((j for j, p in enumerate(passages) if p["passage_id"] == combined["passage_id"]), None) if text else None
     hit = passages[chosen] if chosen is not None else None
+    start = combined.get("start", readings[chosen]["start"]) if hit else None  # an aggregated answer: its own span
+    end = combined.get("end", readings[chosen]["end"]) if hit else None
     return {"answer": text, "passage_id": hit and hit["passage_id"], "title": hit and hit["title"],
-            "start": readings[chosen]["start"] if hit else None, "end": readings[chosen]["end"] if hit else None,
+            "start": start, "end": end,
             "score": combined["score"] if hit else None, "null_minus_best": combined["null_minus_best"],
+            "no_answer_probability": combined["no_answer_probability"],
             "passages": [{**p, "reading": r} for p, r in zip(passages, readings)]}

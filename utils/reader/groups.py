@@ -1,0 +1,77 @@
+"""The training data of a reader trained with shared normalization (train_reader.py --passages_per_question M):
+each training question with its own paragraph and M - 1 of its retrieved passages (utils.reader.passages), every
+(question, passage) pair tokenised once into windows; a batch is a list of questions, laid out as all the windows of
+all their passages (utils.reader.shared_norm.group_batch)."""
+
+import numpy as np
+
+from utils.reader.passages import drawn, passage_pools
+from utils.reader.shared_norm import group_batch
+from utils.reader.windows import prepare_group_features
+from utils.reader.windows_cache import cached_map
+
+
+class QuestionGroups:
+    """Per training question: its paragraph (pair 0 of its pairs, its labelled answer the target) and its pool of
+    retrieved passages; which of the pool it reads in an epoch is `drawn` from (seed, epoch, question). The pools
+    are ranked once, by the main process (a retriever's ranking of a large corpus is not work to repeat on every
+    process), and shared with the others."""
+
+    def __init__(self, accelerator, args, tokenizer, examples: list[dict], passages: list[dict]):
+        from accelerate.utils import broadcast_object_list
+
+        self.count, self.seed, self.pad = args.passages_per_question - 1, args.seed, tokenizer.pad_token_id
+        pools = passage_pools(examples, passages, self.count, args.negatives_retriever) \
+            if accelerator.is_main_process else None
+        self.pools = broadcast_object_list([pools])[0] if accelerator.num_processes > 1 else pools
+        self.answerable = [bool(ex["answers"]["text"]) for ex in examples]
+        pairs, self.first_pair = [], []
+        for q, (ex, pool) in enumerate(zip(examples, self.pools)):
+            self.first_pair.append(len(pairs))
+            a = ex["answers"]
+            gold = [[a["answer_start"][0], a["answer_start"][0] + len(a["text"][0])]] if a["text"] else []
+            pairs.append({"id": f"{ex['id']}#0", "question": ex["question"], "context": ex["context"], "spans": gold})
+            for k, entry in enumerate(pool, 1):
+                pairs.append({"id": f"{ex['id']}#{k}", "question": ex["question"],
+                              "context": passages[entry["passage"]]["text"], "spans": [list(s) for s in entry["spans"]]})
+        for i, p in enumerate(pairs):
+            p["pair"] = i
+        settings = dict(max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
+                        max_query_length=args.max_query_length)
+        import hashlib
+
+        vocab = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+        self.features = cached_map(accelerator, pairs, prepare_group_features, dict(tokenizer=tokenizer, **settings),
+                                   dict(vocab=vocab, **settings), args.cache_dir, args.preprocessing_num_workers)
+        pair_of_row = np.asarray(self.features["pair"], dtype=np.int64)
+        self.rows_start = np.searchsorted(pair_of_row, np.arange(len(pairs) + 1))  # pair p: rows_start[p:p+2]
+        self.row_lengths = np.asarray([len(x) for x in self.features["input_ids"]], dtype=np.int64)
+        self.epoch = 0  # set by the loop through the batch sampler (set_epoch), before any batch of an epoch
+
+    def __len__(self):
+        return len(self.first_pair)
+
+    def pairs_read(self, question: int, epoch: int) -> list[int]:
+        """The pairs question `question` reads in `epoch`: its paragraph, then the drawn passages."""
+        first = self.first_pair[question]
+        return [first] + [first + 1 + k for k in drawn(self.pools, self.count, self.seed, epoch, question)]
+
+    def rows(self, question: int, epoch: int) -> list[int]:
+        return [r for p in self.pairs_read(question, epoch) for r in range(self.rows_start[p], self.rows_start[p + 1])]
+
+    def lengths(self) -> np.ndarray:
+        """Per question the tokens of its paragraph's windows: what length grouping sorts by (fixed across epochs,
+        so the batch order does not move with the draw)."""
+        return np.asarray([self.row_lengths[self.rows_start[f]:self.rows_start[f + 1]].sum() for f in self.first_pair])
+
+    def batch(self, questions, epoch: int) -> dict:
+        rows, groups = [], []
+        for g, q in enumerate(questions):
+            mine = self.rows(int(q), epoch)
+            rows += mine
+            groups += [g] * len(mine)
+        windows = self.features.select(rows).to_list()
+        return group_batch(windows, groups, [self.answerable[int(q)] for q in questions], self.pad)
+
+    def tokens(self, questions, epoch: int) -> int:
+        return int(sum(self.row_lengths[self.rows(int(q), epoch)].sum() for q in questions))

@@ -1,0 +1,83 @@
+"""Retrieved passages for a reader trained the way the QA system uses it: each training question read together with
+passages a retriever ranks high for it, all of them normalised together (utils.reader.shared_norm).
+
+Per question, a pool of its best-ranked passages of a corpus (BM25's, or a trained retriever's), its own paragraph
+left out (it is always read); every epoch draws `passages_per_question - 1` of the pool anew, a pure function of
+(seed, epoch, question), so a resumed run draws what the interrupted one would have. A retrieved passage that holds
+one of an answerable question's answer strings (utils.squad.answers: normalised, whole tokens) is trained as a
+positive, every occurrence of the answer in it a target, as facebookresearch/DPR's reader does: the QA system is
+right to answer from any passage that says the answer, and calling it unanswerable would teach the reader to doubt
+the very passages it should answer from. One where the string only matches after normalisation (other case or
+punctuation), so that no span of it can be labelled, is left out of the pool: it is neither a clean positive nor a
+negative. Passages read with an unanswerable question are all negatives.
+"""
+
+import numpy as np
+
+from utils.squad.answers import answer_patterns, holds_answer, normalized
+
+POOL_PER_PASSAGE = 4  # a question's pool: this many candidates per passage drawn each epoch
+
+
+def ranked_passages(examples: list[dict], passages: list[dict], depth: int, retriever_dir: str | None = None
+                    ) -> list[list[int]]:
+    """Per example, the indices of its `depth` best-ranked passages (BM25, or the trained retriever's ranking)."""
+    questions = [ex["question"] for ex in examples]
+    if retriever_dir is None:
+        from utils.retriever.bm25 import BM25
+
+        _, ranked, _, _ = BM25(passages).search(questions, depth)
+        return [[int(j) for j in row] for row in ranked]
+    from utils.retriever.retriever import Retriever
+
+    where = {p["passage_id"]: i for i, p in enumerate(passages)}
+    hits = Retriever(retriever_dir).index(passages, bm25=False, progress=False).search(questions, depth)
+    return [[where[h["passage_id"]] for h in row] for row in hits]
+
+
+def answer_spans(text: str, answers: list[str]) -> list[tuple[int, int]]:
+    """Character spans of every occurrence of every answer string in `text`: the exact text, as a span is labelled,
+    and whole words only ("Ada" is not labelled inside "Adams"), as utils.squad.answers matches them."""
+    spans = set()
+    for answer in answers:
+        at = text.find(answer)
+        while answer and at != -1:
+            end = at + len(answer)
+            if not (at > 0 and text[at - 1].isalnum() and answer[0].isalnum()) and \
+                    not (end < len(text) and text[end].isalnum() and answer[-1].isalnum()):
+                spans.add((at, end))
+            at = text.find(answer, at + 1)
+    return sorted(spans)
+
+
+def passage_pools(examples: list[dict], passages: list[dict], count: int, retriever_dir: str | None = None
+                  ) -> list[list[dict]]:
+    """Per example, its pool: up to POOL_PER_PASSAGE x `count` of its best-ranked passages other than its own
+    paragraph, each {"passage": index, "spans": [(start, end) characters]} (spans empty: a negative)."""
+    size = POOL_PER_PASSAGE * count
+    ranked = ranked_passages(examples, passages, size + 20, retriever_dir)
+    texts = [normalized(p["text"]) for p in passages]
+    pools = []
+    for ex, row in zip(examples, ranked):
+        own, answers = normalized(ex["context"]), ex["answers"]["text"]
+        patterns = answer_patterns(answers)
+        pool = []
+        for j in row:
+            if texts[j] == own:
+                continue
+            spans = answer_spans(passages[j]["text"], answers) if answers else []
+            if patterns and holds_answer(texts[j], patterns) and not spans:
+                continue  # says the answer in another form: no span to label, and not a negative
+            pool.append({"passage": j, "spans": spans})
+            if len(pool) == size:
+                break
+        pools.append(pool)
+    return pools
+
+
+def drawn(pools: list[list[dict]], count: int, seed: int, epoch: int, question: int) -> list[int]:
+    """The positions in `pools[question]` of the `count` passages read with the question in `epoch`: drawn without
+    replacement under (seed, epoch, question), whatever else the run does."""
+    pool = pools[question]
+    rng = np.random.default_rng([seed, epoch, question, 11])
+    return sorted(rng.choice(len(pool), size=min(count, len(pool)), replace=False).tolist()) if pool else []
