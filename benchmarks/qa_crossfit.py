@@ -78,6 +78,7 @@ def main():
     print("| k | F1 (threshold tuned on the file: upper bound) | F1 cross-fitted | EM | HasAns F1 | NoAns F1 | "
           "F1 at 50% unanswerable, threshold tuned on the other half (A->B, B->A, mean; abstaining: 50) |")
     print("|---|---|---|---|---|---|---|")
+    calibration = []
     for k in args.k:
         def combined(qs):
             views = [combine(readings[q["id"]][0][:k], readings[q["id"]][1], args.aggregate) for q in qs]
@@ -101,6 +102,24 @@ def main():
         print(f"| {k} | {upper['f1']:.2f} | {crossed['f1']:.2f} | {crossed['exact']:.2f} | "
               f"{crossed.get('HasAns_f1', float('nan')):.2f} | {crossed.get('NoAns_f1', float('nan')):.2f} | "
               f"{shifted[1]:.2f}, {shifted[0]:.2f}, {sum(shifted) / 2:.2f} |")
+        if args.abstain_on == "probability":
+            calibration.append((k, *_calibration(questions, combined(questions))))
+    for k, ece, brier, mean_p, share in calibration:
+        print(f"k={k}: P(no answer) against the question being unanswerable: expected calibration error {ece:.3f} "
+              f"(10 bins), Brier {brier:.3f}; mean P {mean_p:.3f} for a share of {share:.3f} unanswerable")
+
+
+def _calibration(questions, views) -> tuple[float, float, float, float]:
+    """How well the no-answer probability matches the labels (1: unanswerable): (expected calibration error over 10
+    equal-width bins, Brier score, mean probability, share unanswerable)."""
+    pairs = [(c["null_minus_best"], float(not q["answers"]["text"])) for q, c in zip(questions, views)]
+    ece = 0.0
+    for b in range(10):
+        inside = [(p, y) for p, y in pairs if b / 10 <= p < (b + 1) / 10 or (b == 9 and p == 1.0)]
+        if inside:
+            ece += len(inside) / len(pairs) * abs(sum(p for p, _ in inside) - sum(y for _, y in inside)) / len(inside)
+    brier = sum((p - y) ** 2 for p, y in pairs) / len(pairs)
+    return ece, brier, sum(p for p, _ in pairs) / len(pairs), sum(y for _, y in pairs) / len(pairs)
 
 
 def _scores_at_own_thresholds(questions, views):

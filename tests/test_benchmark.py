@@ -59,3 +59,34 @@ def test_the_crossfit_rescoring_reads_passages_without_a_span(tmp_path):
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
     assert len(rows) == 2
     assert rows[0].split(" | ")[1] == "15.38"  # k = 1: no span anywhere, every question abstains (8 of 52 right)
+
+
+def test_the_crossfit_rescoring_measures_the_shift_and_the_calibration_of_a_shared_reader(tmp_path):
+    """A reader trained with shared normalization: its probability of no answer is the same 0.3 for every question
+    here, so its calibration against the labels is known by hand (expected calibration error |0.3 - share|, Brier
+    share * 0.7^2 + (1 - share) * 0.3^2), and the shifted score is the mean of HasAns and NoAns F1."""
+    import json
+    import math
+
+    from utils.squad.files import load_questions
+
+    questions = load_questions(f"{SAMPLE}/dev.json")
+    share = sum(not q["answers"]["text"] for q in questions) / len(questions)
+    run = tmp_path / "qa"
+    run.mkdir()
+    with open(run / "details.jsonl", "w") as f:
+        for q in questions:
+            answer = q["answers"]["text"][0] if q["answers"]["text"] else "nothing"
+            passage = {"passage_id": "a", "score": 1.0, "span": answer, "span_score": 2.0, "null_score": 0.0,
+                       "null_start": math.log(0.3), "null_end": math.log(0.3), "lse_start": 0.0, "lse_end": 0.0,
+                       "nbest": [{"text": answer, "score": 2.0}]}
+            f.write(json.dumps({"id": q["id"], "rule": "question", "passages": [passage]}) + "\n")
+    proc = run_script("benchmarks/qa_crossfit.py", "--run", run, "--questions", f"{SAMPLE}/dev.json", "--k", 1,
+                      "--abstain_on", "probability")
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("k=1: P(no answer)"))
+    assert f"expected calibration error {abs(0.3 - share):.3f}" in line
+    assert f"Brier {share * 0.49 + (1 - share) * 0.09:.3f}" in line and f"mean P 0.300 for a share of {share:.3f}" in line
+    row = next(x for x in proc.stdout.splitlines() if x.startswith("| 1 |")).split(" | ")
+    # one probability for all: a tuned threshold answers every question (every answer right: F1 100 on HasAns, 0 on
+    # NoAns) or abstains on all; reweighted to half unanswerable either way scores 50
+    assert row[-1].split(", ")[-1].rstrip(" |") == "50.00"
