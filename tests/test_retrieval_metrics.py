@@ -30,3 +30,10 @@ def test_a_nan_score_ranks_last_not_first():
     assert count_at_least(scores, scores).tolist() == [[3, 1, 2], [1, 3, 2], [3, 3, 3]]
     m = retrieval_metrics(gold_ranks(np.full((4, 5), nan), [[0]] * 4))
     assert m["top1"] == 0.0 and m["mean_rank"] == 5.0
+
+
+def test_a_gold_passage_listed_twice_is_one_passage_in_the_dense_rank():
+    """Gold [0, 0] once gave rank 0 (the passage subtracted twice from the count above it) and mrr@10 inf."""
+    scores = np.array([[0.9, 0.1, 0.5], [0.2, 0.9, 0.5]])
+    assert gold_ranks(scores, [[0, 0], [2, 2, 0]]).tolist() == [1, 2]
+    assert retrieval_metrics(gold_ranks(scores, [[0, 0]] * 2))["mrr@10"] == pytest.approx((1 + 1 / 3) / 2)

@@ -28,6 +28,7 @@ def gold_ranks(scores: np.ndarray, gold: list[list[int]]) -> np.ndarray:
     scores = _nan_last(scores)
     out = np.empty(len(gold), dtype=np.int64)
     for i, idx in enumerate(gold):
+        idx = list(dict.fromkeys(idx))  # a gold passage listed twice is one passage (else it counts twice below)
         best = scores[i, idx].max()
         row = scores[i:i + 1]
         out[i] = (count_at_least(row, [[best]])[0, 0] - count_at_least(row[:, idx], [[best]])[0, 0]) + 1
