@@ -223,6 +223,15 @@ def test_an_index_built_by_another_retriever_or_a_retrained_one_is_refused(train
     proc = run_script("qa_system.py", "--retriever", other, "--reader", reader, "--index", tmp_path / "index",
                       "--questions", f"{SAMPLE}/dev.json", "--output_dir", tmp_path / "qa", check=False)
     assert_user_error(proc, "no such directory")  # the reader is checked first, before anything is loaded
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    reader = str(tmp_path / "reader")  # a reader (a QA head) that is not the problem: the index is
+    AutoModelForQuestionAnswering.from_pretrained(tiny_bert_dir).save_pretrained(reader)
+    AutoTokenizer.from_pretrained(tiny_bert_dir).save_pretrained(reader)
+    proc = run_script("qa_system.py", "--retriever", other, "--reader", reader, "--index", tmp_path / "index",
+                      "--questions", f"{SAMPLE}/dev.json", "--output_dir", tmp_path / "qa", check=False)
+    assert_user_error(proc, "made by another passage encoder than")
+    assert not os.path.exists(tmp_path / "qa")
 
 
 def test_the_api_takes_one_question_as_a_string_and_refuses_bad_k_and_bad_corpora(trained, tmp_path):
