@@ -31,7 +31,9 @@ def qa(models, out, *extra, launcher=None, check=True):
 
 def test_answers_follow_the_rule_over_the_readers_readings(models, tmp_path):
     out = str(tmp_path / "qa")
-    qa(models, out, "--top_k", 3, "--no_answer_threshold", 0.5)
+    proc = qa(models, out, "--top_k", 3, "--no_answer_threshold", 0.5)
+    # what it runs is said before the long part starts, and the reading (most of a run) shows its progress
+    assert proc.stdout.lstrip().startswith("qa: retriever=") and "reading" in proc.stderr
     predictions = json.load(open(f"{out}/predictions.json"))
     details = [json.loads(line) for line in open(f"{out}/details.jsonl")]
     reader = Reader(models[0], device="cpu")
