@@ -36,22 +36,24 @@ def paragraph_of(path: str) -> dict:
     return {qa["id"]: i for i, p in enumerate(paragraphs) for qa in p["qas"]}
 
 
-def readings_of(path: str) -> dict:
+def readings_of(path: str, retriever_weight: float = 0.0) -> dict:
     """Question id -> (its passages' readings, in retrieval order, as utils.system.answer.combine takes them, and
     whether the reader's rule is the shared one). A
     passage without a span has span_score -inf, written as null in the strict JSON of details.jsonl (its null score
-    likewise, +inf)."""
+    likewise, +inf). `retriever_weight` w: every span of a passage scores w x the passage's retrieval score more
+    (fusion with the retriever, as pygaggle does for DPR's reader)."""
     out = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
             readings = []
             for p in row["passages"]:
-                span = -math.inf if p["span_score"] is None else p["span_score"]
+                prior = retriever_weight * p["score"]
+                span = -math.inf if p["span_score"] is None else p["span_score"] + prior
                 null = math.inf if p["null_score"] is None else p["null_score"]
                 readings.append({"passage_id": p["passage_id"], "text": p["span"], "score": span, "null_score": null,
                                  "null_minus_best": null - span if p["span"] else math.inf,
-                                 "nbest": p.get("nbest"),
+                                 "nbest": [dict(x, score=x["score"] + prior) for x in p.get("nbest") or []],
                                  **{k: p.get(k) for k in ("null_start", "null_end", "lse_start", "lse_end")}})
             out[row["id"]] = (readings, row.get("rule") == "question")
     return out
@@ -68,10 +70,14 @@ def main():
     parser.add_argument("--aggregate", action="store_true",
                         help="answer by answer string: the summed probability of its spans over the passages "
                              "(shared-normalization readers; utils.system.answer)")
+    parser.add_argument("--retriever_weight", type=float, default=0.0,
+                        help="fuse the retriever's score: every span of a passage scores this much x the passage's "
+                             "retrieval score more (0: the reader's scores alone)")
     args = parser.parse_args()
 
     questions = load_questions(args.questions, need_context=False)
-    paragraph, readings = paragraph_of(args.questions), readings_of(os.path.join(args.run, "details.jsonl"))
+    paragraph = paragraph_of(args.questions)
+    readings = readings_of(os.path.join(args.run, "details.jsonl"), args.retriever_weight)
     halves = [[q for q in questions if paragraph[q["id"]] % 2 == h] for h in (0, 1)]
     print(f"{args.run}: {len(questions)} questions, halves of {len(halves[0])} / {len(halves[1])} questions "
           f"({len(set(paragraph.values()))} paragraphs)")
