@@ -1,0 +1,182 @@
+"""Indexing a corpus: embedding throughput against sentence-transformers, and index_corpus.py's memory at two corpus
+sizes with a kill and resume, on text with real lengths.
+
+    python benchmarks/index_benchmark.py throughput --retriever outputs/dpr-squad --passages ../shared/data/dpr/passages.jsonl
+    python benchmarks/index_benchmark.py scale --retriever outputs/dpr-squad --passages ../shared/data/dpr/passages.jsonl
+
+throughput: the texts the retriever embeds for the corpus (its sentence windows, or whole passages), one process,
+batch --batch_size, in one run side by side: this project's `Retriever.encode_passages` (tokenised once, longest
+first, the passage pair (title, text) as trained, under its recorded autocast) against
+`SentenceTransformer(passage_encoder).encode` on the same windows' texts (fp32, and bf16 weights) and
+sentence-transformers' multi-process pool with 2 processes (fp32). Each engine is timed twice after a warm-up; texts/s
+and tokens/s of the faster pass.
+
+scale: corpora of --sizes passages made from the corpus's sentences, shuffled (seeded) and grouped 2 to 6 at a
+time, so lengths are real; index_corpus.py runs on each in its own process and its peak RSS is read (its own
+GNU time's %M); at the largest size a second build is SIGKILLed half way and resumed,
+and its vectors compared with the uninterrupted build's. Writes index_<throughput|scale>_cpu.json to --out.
+"""
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def throughput(args) -> dict:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from utils.retriever.data import load_passages
+    from utils.retriever.retriever import Retriever
+    from utils.retriever.sentence_windows import sentence_windows
+
+    retriever = Retriever(args.retriever, device="cpu", batch_size=args.batch_size)
+    passages = load_passages(args.passages)
+    windows, _ = sentence_windows(passages, retriever.settings.window_sentences)
+    texts = [w["text"] for w in windows]
+    tokens = sum(len(x) for x in retriever.p_tok([w["title"] for w in windows], texts, truncation="only_second",
+                                                 max_length=retriever.settings.max_passage_length)["input_ids"])
+    rows = {}
+
+    def timed(name, fn):
+        fn(texts[: 4 * args.batch_size])  # warm-up
+        best = min(_seconds(fn, texts) for _ in range(2))
+        rows[name] = {"texts_per_second": round(len(texts) / best, 1), "seconds": round(best, 2)}
+        print(name, rows[name], flush=True)
+
+    timed(f"this project, Retriever.encode_passages ({retriever.precision} autocast)",
+          lambda t: retriever.encode_passages([{"title": w["title"], "text": x} for w, x in zip(windows, t)]))
+    retriever.precision = "no"
+    timed("this project, Retriever.encode_passages (fp32)",
+          lambda t: retriever.encode_passages([{"title": w["title"], "text": x} for w, x in zip(windows, t)]))
+    st = SentenceTransformer(retriever.passage_encoder_dir, device="cpu")
+    timed("sentence-transformers encode (fp32)", lambda t: st.encode(t, batch_size=args.batch_size))
+    st_bf16 = SentenceTransformer(retriever.passage_encoder_dir, device="cpu").to(torch.bfloat16)
+    timed("sentence-transformers encode (bf16 weights)", lambda t: st_bf16.encode(t, batch_size=args.batch_size))
+    pool = st.start_multi_process_pool(["cpu", "cpu"])
+    try:
+        timed("sentence-transformers encode_multi_process (2 processes, fp32)",
+              lambda t: st.encode(t, pool=pool, batch_size=args.batch_size))
+    finally:
+        st.stop_multi_process_pool(pool)
+    return {"texts": len(texts), "passages": len(passages), "tokens_with_titles": tokens, "rows": rows,
+            "batch_size": args.batch_size}
+
+
+def _seconds(fn, texts) -> float:
+    t0 = time.perf_counter()
+    fn(texts)
+    return time.perf_counter() - t0
+
+
+def make_corpus(source: str, size: int, path: str, seed: int = 0) -> None:
+    """`size` passages of 2-6 shuffled sentences of the source corpus (titles kept from the sentence's passage)."""
+    from utils.retriever.data import load_passages
+    from utils.retriever.sentences import split_sentences
+
+    sentences = [(p["title"], s) for p in load_passages(source) for s in split_sentences(p["text"])]
+    rng = np.random.default_rng(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(size):
+            take = rng.choice(len(sentences), size=int(rng.integers(2, 7)), replace=False)
+            title = sentences[take[0]][0]
+            f.write(json.dumps({"title": title, "text": " ".join(sentences[j][1] for j in take),
+                                "passage_id": f"p{i}"}) + "\n")
+
+
+def index_run(args, corpus: str, out: str, kill_at: int | None = None) -> dict:
+    """index_corpus.py on `corpus` in a child; (seconds, peak RSS MB of the child). `kill_at`: SIGKILL it once
+    that many chunks are recorded."""
+    peak_file = out.rstrip("/") + ".peak"
+    cmd = ["/usr/bin/time", "-o", peak_file, "-f", "%M", sys.executable, os.path.join(ROOT, "index_corpus.py"),
+           "--retriever", args.retriever, "--passages", corpus, "--output_dir", out, "--chunk_passages",
+           str(args.chunk_passages), "--batch_size", str(args.batch_size)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    if kill_at is not None:
+        progress = os.path.join(out, "shard-00000", "progress.json")
+        while proc.poll() is None:
+            try:
+                if len(json.load(open(progress))["chunks"]) >= kill_at:
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)  # the indexing job itself, not only GNU time around it
+    code = proc.wait()
+    if kill_at is None and code != 0:
+        raise SystemExit(f"index_corpus.py exited {code}")
+    seconds = round(time.perf_counter() - t0, 1)
+    try:
+        peak = int(open(peak_file).read().split()[-1])  # KiB, the child's own peak (GNU time's %M)
+    except (OSError, ValueError, IndexError):
+        peak = None  # killed: time reports nothing
+    return {"seconds": seconds, "peak_rss_mb": round(peak / 1024, 1) if peak else None}
+
+
+def scale(args) -> dict:
+    from utils.retriever.index import Index
+
+    os.makedirs(args.work, exist_ok=True)
+    rows = []
+    for size in args.sizes:
+        corpus = os.path.join(args.work, f"corpus-{size}.jsonl")
+        make_corpus(args.passages, size, corpus)
+        out = os.path.join(args.work, f"index-{size}")
+        if os.path.exists(out):
+            import shutil
+
+            shutil.rmtree(out)
+        run = index_run(args, corpus, out)
+        meta = json.load(open(os.path.join(out, "index.json")))
+        rows.append({"passages": size, "vectors": meta["vectors"], **run,
+                     "passages_per_second": round(size / max(meta.get("seconds", run["seconds"]), 1e-9), 1)})
+        print(rows[-1], flush=True)
+    largest = max(args.sizes)
+    corpus, whole = os.path.join(args.work, f"corpus-{largest}.jsonl"), os.path.join(args.work, f"index-{largest}")
+    killed = os.path.join(args.work, f"index-{largest}-killed")
+    if os.path.exists(killed):
+        import shutil
+
+        shutil.rmtree(killed)
+    chunks = -(-largest // args.chunk_passages)
+    index_run(args, corpus, killed, kill_at=chunks // 2)
+    resumed = index_run(args, corpus, killed)
+    a, b = Index.load(whole), Index.load(killed)
+    same = all(np.array_equal(np.asarray(x.embeddings), np.asarray(y.embeddings)) for x, y in zip(a.shards, b.shards))
+    return {"rows": rows, "resume": {"passages": largest, "killed_after_chunks": chunks // 2, "of": chunks,
+                                     "resume_seconds": resumed["seconds"], "identical_vectors": bool(same)}}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("what", choices=["throughput", "scale"])
+    p.add_argument("--retriever", required=True)
+    p.add_argument("--passages", required=True)
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--sizes", type=int, nargs="+", default=[20_000, 200_000])
+    p.add_argument("--chunk_passages", type=int, default=4096)
+    p.add_argument("--work", default="/tmp/index-benchmark")
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    args = p.parse_args()
+    result = throughput(args) if args.what == "throughput" else scale(args)
+    result["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    os.makedirs(args.out, exist_ok=True)
+    name = f"index_{args.what}_cpu"
+    with open(os.path.join(args.out, name + ".json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
