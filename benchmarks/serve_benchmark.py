@@ -19,6 +19,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -30,13 +31,14 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 
 def start(args, max_batch: int, port: int):
-    """serve.py as its own process, once /health says ready (its output in --out/serve-MAX_BATCH.log)."""
+    """serve.py as its own process, once /health says ready (its output in serve-benchmark-MAX_BATCH.log in the
+    temporary directory)."""
     cmd = [sys.executable, os.path.join(ROOT, "serve.py"), "--retriever", args.retriever, "--reader", args.reader,
            "--port", str(port), "--max_batch", str(max_batch), "--max_questions", "1" if max_batch == 1 else "16"]
     cmd += ["--index", args.index] if args.index else ["--passages", args.passages]
     if args.mixed_precision:
         cmd += ["--mixed_precision", args.mixed_precision]
-    log = open(os.path.join(args.out, f"serve-{max_batch}.log"), "w")  # the server's own words, if it fails
+    log = open(os.path.join(tempfile.gettempdir(), f"serve-benchmark-{max_batch}.log"), "w")  # its words, if it fails
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + args.start_timeout
     while time.monotonic() < deadline:
