@@ -153,10 +153,10 @@ def main():
         proc.terminate()
         proc.wait()
 
-    qa_out = os.path.join(args.out, "serve-qa-offline")
+    qa_out = os.path.join(tempfile.mkdtemp(prefix="serve-benchmark-"), "qa")  # its outputs are not results
     cmd = [sys.executable, os.path.join(ROOT, "qa_system.py"), "--retriever", args.retriever, "--reader", args.reader,
            "--questions", args.questions, "--eval_k", str(args.k), "--top_k", str(args.k), "--output_dir", qa_out,
-           "--overwrite_output_dir", "--no_answer_threshold", "0"]
+           "--no_answer_threshold", "0"]
     cmd += ["--index", args.index] if args.index else ["--passages", args.passages]
     if args.mixed_precision:
         cmd += ["--mixed_precision", args.mixed_precision]
