@@ -9,8 +9,22 @@ a batch's, not one question's, and an idle server adds at most `max_wait` to a l
 """
 
 import asyncio
+import ctypes
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+
+
+def release_freed_memory() -> None:
+    """Hand the pages glibc holds free back to the kernel (malloc_trim). Passes of every size and padded length free
+    and allocate blocks of ever other sizes on the pass thread's arena, whose free space fragments, and glibc
+    returns free memory on its own only from the top of a heap: a long-running server's RSS would creep up with the
+    questions it answered."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc: nothing to do
+            pass
 
 
 @dataclass
@@ -64,3 +78,5 @@ class Batcher:
                 if not r.future.done():  # the client may have gone
                     r.future.set_result(answers[first:first + len(r.questions)])
                 first += len(r.questions)
+            if self.queue.empty():  # nothing waits: a moment to give freed memory back, on the pass thread's arena
+                await loop.run_in_executor(self.executor, release_freed_memory)
