@@ -8,7 +8,7 @@ import numpy as np
 from utils.reader.passages import drawn, passage_pools
 from utils.reader.shared_norm import group_batch
 from utils.reader.windows import prepare_group_features
-from utils.reader.windows_cache import cached_map
+from utils.reader.windows_cache import tokenize_with
 
 
 class QuestionGroups:
@@ -36,17 +36,10 @@ class QuestionGroups:
                               "context": passages[entry["passage"]]["text"], "spans": [list(s) for s in entry["spans"]]})
         for i, p in enumerate(pairs):
             p["pair"] = i
-        settings = dict(max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
-                        max_query_length=args.max_query_length)
-        import hashlib
-
-        vocab = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
-        self.features = cached_map(accelerator, pairs, prepare_group_features, dict(tokenizer=tokenizer, **settings),
-                                   dict(vocab=vocab, **settings), args.cache_dir, args.preprocessing_num_workers)
+        self.features = tokenize_with(accelerator, args, tokenizer, pairs, prepare_group_features)
         pair_of_row = np.asarray(self.features["pair"], dtype=np.int64)
         self.rows_start = np.searchsorted(pair_of_row, np.arange(len(pairs) + 1))  # pair p: rows_start[p:p+2]
         self.row_lengths = np.asarray([len(x) for x in self.features["input_ids"]], dtype=np.int64)
-        self.epoch = 0  # set by the loop through the batch sampler (set_epoch), before any batch of an epoch
 
     def __len__(self):
         return len(self.first_pair)

@@ -10,6 +10,7 @@ seed and the epoch, so a resumed run draws what the interrupted one would have.
 
 import numpy as np
 
+from utils.reader.passages import ranked_passages
 from utils.squad.answers import answer_patterns, holds_answer, normalized
 
 POOL_PER_NEGATIVE = 4  # a question's pool: this many candidates per negative drawn each epoch
@@ -18,18 +19,8 @@ POOL_PER_NEGATIVE = 4  # a question's pool: this many candidates per negative dr
 def negative_pools(examples: list[dict], passages: list[dict], count: int, retriever_dir: str | None = None) -> list[list[int]]:
     """Per example, the indices of its `POOL_PER_NEGATIVE x count` best-ranked passages that are not its own
     paragraph and hold none of its answer strings (utils.squad.answers: normalised, whole tokens)."""
-    pool, depth = POOL_PER_NEGATIVE * count, POOL_PER_NEGATIVE * count + 20
-    questions = [ex["question"] for ex in examples]
-    if retriever_dir is None:
-        from utils.retriever.bm25 import BM25
-
-        _, ranked, _, _ = BM25(passages).search(questions, depth)
-    else:
-        from utils.retriever.retriever import Retriever
-
-        index = {p["passage_id"]: i for i, p in enumerate(passages)}
-        hits = Retriever(retriever_dir).index(passages, bm25=False).search(questions, depth)
-        ranked = [[index[h["passage_id"]] for h in row] for row in hits]
+    pool = POOL_PER_NEGATIVE * count
+    ranked = ranked_passages(examples, passages, pool + 20, retriever_dir)
     texts = [normalized(p["text"]) for p in passages]
     out = []
     for ex, row in zip(examples, ranked):

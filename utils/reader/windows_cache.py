@@ -16,6 +16,11 @@ def tokenize_windows(accelerator, args, tokenizer, examples, for_training: bool,
     """Training windows with labels, evaluation windows with offsets, or (`negatives`) one unanswerable window per
     (question, negative passage)."""
     fn = prepare_negative_features if negatives else prepare_train_features if for_training else prepare_eval_features
+    return tokenize_with(accelerator, args, tokenizer, examples, fn)
+
+
+def tokenize_with(accelerator, args, tokenizer, examples, fn):
+    """`examples` through the windowing function `fn` at the run's window settings, cached (see cached_map)."""
     vocab = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
     settings = dict(max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
                     max_query_length=args.max_query_length)
