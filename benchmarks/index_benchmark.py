@@ -124,19 +124,30 @@ def index_run(args, corpus: str, out: str, kill_at: int | None = None) -> dict:
     return {"seconds": seconds, "peak_rss_mb": round(peak / 1024, 1) if peak else None}
 
 
+MARK = ".index-benchmark"  # in --work: this benchmark made it, so the indexes it holds are its own to replace
+
+
+def fresh(path: str) -> None:
+    """Remove an index this benchmark wrote into its marked --work directory before writing it again."""
+    import shutil
+
+    if os.path.exists(path):
+        shutil.rmtree(path)
+
+
 def scale(args) -> dict:
     from utils.retriever.index import Index
 
+    if os.path.exists(args.work) and os.listdir(args.work) and not os.path.exists(os.path.join(args.work, MARK)):
+        raise SystemExit(f"--work {args.work} holds files this benchmark did not write: give an empty or new directory")
     os.makedirs(args.work, exist_ok=True)
+    open(os.path.join(args.work, MARK), "w").close()
     rows = []
     for size in args.sizes:
         corpus = os.path.join(args.work, f"corpus-{size}.jsonl")
         make_corpus(args.passages, size, corpus)
         out = os.path.join(args.work, f"index-{size}")
-        if os.path.exists(out):
-            import shutil
-
-            shutil.rmtree(out)
+        fresh(out)
         run = index_run(args, corpus, out)
         meta = json.load(open(os.path.join(out, "index.json")))
         rows.append({"passages": size, "vectors": meta["vectors"], **run,
@@ -145,10 +156,7 @@ def scale(args) -> dict:
     largest = max(args.sizes)
     corpus, whole = os.path.join(args.work, f"corpus-{largest}.jsonl"), os.path.join(args.work, f"index-{largest}")
     killed = os.path.join(args.work, f"index-{largest}-killed")
-    if os.path.exists(killed):
-        import shutil
-
-        shutil.rmtree(killed)
+    fresh(killed)
     chunks = -(-largest // args.chunk_passages)
     index_run(args, corpus, killed, kill_at=chunks // 2)
     resumed = index_run(args, corpus, killed)
