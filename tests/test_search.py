@@ -98,6 +98,24 @@ def test_a_nan_window_is_dropped_whatever_the_blocks():
     np.testing.assert_allclose(score_passages(qt, vectors, gold)[:, 0], want[:, bad], rtol=1e-5)
 
 
+def test_entries_waiting_for_a_merge_give_the_k_best_of_merging_every_block():
+    """KBest merges what passed the cut only every `merge_at` entries, under a floor that may be stale: the same k
+    best (ties to the smaller id) as merging after every block, with rounded scores so that ties are many."""
+    from utils.retriever.selection import KBest
+
+    rng = np.random.default_rng(6)
+    scores = torch.from_numpy(np.round(rng.standard_normal((30, 2000)), 1).astype(np.float32))
+    want = np.lexsort((np.arange(2000)[None].repeat(30, 0), -scores.numpy()), axis=1)[:, :15]
+    for merge_at in (1, 40, 10**9):
+        best = KBest(30, 15, "cpu", merge_at=merge_at)
+        for first in range(0, 2000, 64):
+            rows = torch.arange(30) if first % 3 else torch.arange(0, 30, 2)  # some blocks for some queries only
+            best.add(scores[rows, first:first + 64], rows, first)
+        best.flush()
+        assert best.ids[::2].tolist() == want[::2].tolist(), merge_at  # the queries that saw every block
+        assert torch.equal(best.scores, torch.gather(scores, 1, best.ids)), merge_at
+
+
 def test_shards_cover_the_passages_once():
     assert [list(shard(7, r, 3)) for r in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
     assert [len(shard(2, r, 3)) for r in range(3)] == [1, 1, 0]

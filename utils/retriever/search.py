@@ -19,8 +19,11 @@ from utils.retriever.selection import KBest
 from utils.retriever.shards import max_scores, merge_columns, merged_top_k, summed_counts
 
 
-QUERY_BLOCK = 16384  # queries scored together: each block of vectors is read once per this many queries
-BLOCK_ROWS = 1024  # vectors per block: a block's scores stay in cache
+# Queries scored together: each block of vectors is read once per this many queries, and a block's scores
+# (QUERY_BLOCK x BLOCK_ROWS fp32, 16 MiB) stay below glibc's largest mmap threshold (32 MiB), so their memory is
+# reused from block to block instead of being mapped and faulted in afresh each time.
+QUERY_BLOCK = 4096
+BLOCK_ROWS = 1024  # vectors per block
 
 
 @dataclass
@@ -137,62 +140,83 @@ def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, excl
     id; fewer columns when there are fewer passages) and, with `thresholds` (one score per query), how many passages
     other than those in `exclude` (query x ids, -1 padded: the gold passages) score at least that much: with the
     gold passages' best score as threshold (`gold_scores`), a gold passage's rank is that count + 1
-    (utils.retriever.ranking's rule). Blocks of about `block_rows` vectors keep each block's scores in cache.
+    (utils.retriever.ranking's rule). Blocks of about `block_rows` vectors, queries `query_block` at a time.
 
-    Exact in fp32 whatever the hardware. Where bf16 products are fast and a block holds few of a query's k best on
-    average (`prefilter`, default: then), each block after the first is scored in bf16 first, and only the queries
-    whose best bf16 score could, within the bf16 error bound, reach their k-th best so far (or their threshold) are
-    scored in fp32: in a large corpus, a small share of them."""
+    Exact in fp32 whatever the hardware. Two searches: `_k_best` (the k best alone: where bf16 products are fast
+    it may skip, per block, the queries that cannot gain from it, `prefilter`) and `_k_best_and_counts` (with
+    thresholds: every product in fp32, the very products `gold_scores` computed the thresholds with)."""
     device = queries.device
     k = min(k, vectors.count)
-    if prefilter is None:  # worth it when a block holds, on average, well under one of a query's k best; not when
-        # counting: the counts must come from the very products `gold_scores` computed the thresholds with
-        prefilter = (thresholds is None and bf16_prefilter_available(device)
-                     and k * 1024 < 0.5 * len(vectors.embeddings))
-    block_rows = block_rows or (BLOCK_ROWS // 2 if prefilter else BLOCK_ROWS)  # finer: skip more behind the prefilter
+    if prefilter is None:  # worth it when a block holds, on average, well under one of a query's k best
+        prefilter = bf16_prefilter_available(device) and k * 1024 < 0.5 * len(vectors.embeddings)
     out_scores, out_ids, out_counts = [], [], []
     for q0 in range(0, len(queries), query_block):
         q = queries[q0:q0 + query_block].float()
-        every = torch.arange(len(q), device=device)
-        q_b, q_norm = (q.bfloat16(), q.norm(dim=1)) if prefilter else (None, None)
-        best, counts = KBest(len(q), k, device), torch.zeros(len(q), dtype=torch.long, device=device)
-        limit = None
-        if thresholds is not None:
-            limit = torch.as_tensor(np.asarray(thresholds[q0:q0 + query_block], dtype=np.float32), device=device)
-            limit = torch.nan_to_num(limit, nan=float("-inf"))
+        if thresholds is None:
+            best = _k_best(q, vectors, k, block_rows or (BLOCK_ROWS // 2 if prefilter else BLOCK_ROWS), prefilter)
+        else:
+            limit = torch.nan_to_num(torch.as_tensor(np.asarray(thresholds[q0:q0 + query_block], dtype=np.float32),
+                                                     device=device), nan=float("-inf"))
             skip = None if exclude is None else torch.as_tensor(np.asarray(exclude[q0:q0 + query_block]), device=device)
-        for first, last in _blocks(vectors, block_rows):
-            w = vectors.rows(vectors.starts[first], vectors.starts[last], device)
-            rows = every
-            if prefilter and best.started:  # only the queries whose best bf16 score could reach the cut
-                approx = (q_b @ w.bfloat16().T).amax(1).float()
-                reach = approx + BF16_ERROR * q_norm * w.norm(dim=1).max()
-                target = best.floor if limit is None else torch.minimum(best.floor, limit)
-                rows = torch.nonzero((reach >= target) | torch.isnan(approx), as_tuple=True)[0]
-                if not len(rows):
-                    continue
-            windows_only = vectors.owner is not None and limit is None and best.started
-            scores = _exact_scores(q[rows] if len(rows) < len(q) else q, w, vectors, first, last,
-                                   per_passage=not windows_only)
-            if windows_only:
-                _add_windows(best, scores, rows, vectors, first)
-                continue
-            if limit is not None:
-                above = scores >= limit[rows, None]
-                if skip is not None:  # the excluded passages of this block
-                    local = skip[rows] - (first + vectors.offset)
-                    inside = (skip[rows] >= 0) & (local >= 0) & (local < last - first)
-                    r, c = torch.nonzero(inside, as_tuple=True)
-                    above[r, local[r, c]] = False
-                counts[rows] += torch.count_nonzero(above, dim=1)
-            best.add(scores, rows, first + vectors.offset)
+            best, counts = _k_best_and_counts(q, vectors, k, limit, skip, block_rows or BLOCK_ROWS)
+            out_counts.append(counts.cpu())
+        best.flush()
         out_scores.append(best.scores.cpu())
         out_ids.append(best.ids.cpu())
-        out_counts.append(counts.cpu())
     if not out_scores:
         return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64), None
     return (torch.cat(out_scores).numpy(), torch.cat(out_ids).numpy(),
             torch.cat(out_counts).numpy() if thresholds is not None else None)
+
+
+def _k_best(q: torch.Tensor, vectors: Vectors, k: int, block_rows: int, prefilter: bool) -> KBest:
+    """The k best passages of every query of q, block by block. After the first block (which sets each query's
+    cut), a block with sentence windows takes only the windows at or above the cut (`_add_windows`), and with
+    `prefilter` only the queries whose bf16 best of the block could reach their cut are scored in fp32."""
+    best = KBest(len(q), k, q.device)
+    every = torch.arange(len(q), device=q.device)
+    q_b, q_norm = (q.bfloat16(), q.norm(dim=1)) if prefilter else (None, None)
+    for first, last in _blocks(vectors, block_rows):
+        w = vectors.rows(vectors.starts[first], vectors.starts[last], q.device)
+        rows = every
+        if prefilter and best.started:
+            rows = _may_reach(q_b, q_norm, w, best.floor)
+            if not len(rows):
+                continue
+        q_rows = q if len(rows) == len(q) else q[rows]
+        if vectors.owner is not None and best.started:
+            _add_windows(best, _exact_scores(q_rows, w, vectors, first, last, per_passage=False), rows, vectors, first)
+        else:
+            best.add(_exact_scores(q_rows, w, vectors, first, last), rows, first + vectors.offset)
+    return best
+
+
+def _may_reach(q_b: torch.Tensor, q_norm: torch.Tensor, w: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
+    """The queries (rows of q_b, q in bf16) whose best bf16 score of the block w could, within the bf16 error
+    bound, reach their cut; a NaN keeps its query (it is ranked in fp32)."""
+    approx = (q_b @ w.bfloat16().T).amax(1).float()
+    reach = approx + BF16_ERROR * q_norm * w.norm(dim=1).max()
+    return torch.nonzero((reach >= cut) | torch.isnan(approx), as_tuple=True)[0]
+
+
+def _k_best_and_counts(q: torch.Tensor, vectors: Vectors, k: int, limit: torch.Tensor, skip: torch.Tensor | None,
+                       block_rows: int) -> tuple[KBest, torch.Tensor]:
+    """The k best passages of every query of q and how many passages, those in `skip` (query x global ids, -1
+    padded) aside, score at least the query's `limit`: every block in fp32, per passage."""
+    best = KBest(len(q), k, q.device)
+    every = torch.arange(len(q), device=q.device)
+    counts = torch.zeros(len(q), dtype=torch.long, device=q.device)
+    for first, last in _blocks(vectors, block_rows):
+        w = vectors.rows(vectors.starts[first], vectors.starts[last], q.device)
+        scores = _exact_scores(q, w, vectors, first, last)
+        above = scores >= limit[:, None]
+        if skip is not None:  # the excluded passages of this block
+            local = skip - (first + vectors.offset)
+            r, c = torch.nonzero((skip >= 0) & (local >= 0) & (local < last - first), as_tuple=True)
+            above[r, local[r, c]] = False
+        counts += torch.count_nonzero(above, dim=1)
+        best.add(scores, every, first + vectors.offset)
+    return best, counts
 
 
 def gold_scores(queries: torch.Tensor, vectors: Vectors, gold_ids: np.ndarray, block_rows: int = BLOCK_ROWS,

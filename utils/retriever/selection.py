@@ -22,29 +22,51 @@ LOWEST = torch.iinfo(torch.int64).min
 class KBest:
     """The k best passages per query seen so far, kept as selection keys (`selection_keys`) so that equal scores go
     to the smaller id whatever the blocks or shards. Each block's scores are first cut at the query's k-th best so
-    far (ties stay): after the first blocks few pass, and the k-th best is exact after every block."""
+    far (`floor`; ties stay). What passes the cut waits in a buffer and is merged into the k best only once the
+    buffer holds about `merge_at` entries (default: half of n_rows x k): a merge costs a top-k over every touched
+    query's k kept entries, and after the first blocks a block adds a few entries per query, so merging after
+    every block would cost k per query per block. A floor from an older merge is lower than the current k-th best,
+    never higher: it only lets more entries wait. Read `scores`/`ids` after `flush()`."""
 
-    def __init__(self, n_rows: int, k: int, device):
+    def __init__(self, n_rows: int, k: int, device, merge_at: int | None = None):
         self.k = k
         self.keys = torch.full((n_rows, k), LOWEST, dtype=torch.long, device=device)
         self.scores = torch.full((n_rows, k), float("-inf"), device=device)
         self.ids = torch.full((n_rows, k), -1, dtype=torch.long, device=device)
         self.floor = torch.full((n_rows,), float("-inf"), device=device)
         self.started = False
+        self.merge_at = max(1, n_rows * k // 2) if merge_at is None else merge_at
+        self.waiting, self.waiting_count = [], 0
 
     def add(self, scores: torch.Tensor, rows: torch.Tensor, first_id: int) -> None:
         """Take one block's scores of the queries `rows` (scores[i] belongs to query rows[i])."""
-        if not self.started and scores.shape[1] >= self.k and len(rows) == len(self.keys):
-            # The first block's k-th best is a safe cut at once (the final k-th best can only be higher).
+        first = not self.started and scores.shape[1] >= self.k and len(rows) == len(self.keys)
+        if first:  # the first block's k-th best is a safe cut at once (the final k-th best can only be higher)
             self.floor = scores.topk(self.k, dim=1).values[:, -1]
         self.started = True
         r, cols = torch.nonzero(scores >= self.floor[rows, None], as_tuple=True)  # grouped by row, in column order
         self.add_entries(rows[r], cols + first_id, scores[r, cols])
+        if first:
+            self.flush()  # the k best of the first block: every later cut is then the k-th best so far
 
     def add_entries(self, r: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor) -> None:
-        """Take scored passages: query r[i] scores passage ids[i] vals[i]; r grouped (ascending)."""
-        if not len(r):
+        """Take scored passages: query r[i] scores passage ids[i] vals[i] (several entries of one query may come
+        in any order)."""
+        if len(r):
+            self.waiting.append((r, ids, vals))
+            self.waiting_count += len(r)
+            if self.waiting_count >= self.merge_at:
+                self.flush()
+
+    def flush(self) -> None:
+        """Merge the waiting entries into the k best and raise the floor to each touched query's k-th best."""
+        if not self.waiting:
             return
+        r, ids, vals = (torch.cat(x) for x in zip(*self.waiting)) if len(self.waiting) > 1 else self.waiting[0]
+        self.waiting, self.waiting_count = [], 0
+        if not bool((r[1:] >= r[:-1]).all()):
+            order = torch.argsort(r, stable=True)  # group the entries by query
+            r, ids, vals = r[order], ids[order], vals[order]
         rows, r = torch.unique_consecutive(r, return_inverse=True)
         counts = torch.bincount(r, minlength=len(rows))
         pos = torch.arange(len(r), device=r.device) - (counts.cumsum(0) - counts)[r]
