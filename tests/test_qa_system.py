@@ -12,6 +12,7 @@ from conftest import SAMPLE, assert_user_error, run_script
 from test_distributed import run_ddp
 from utils.loop.errors import UserError
 from utils.reader.trained import Reader
+from utils.retriever.index import Index
 from utils.system.answer import answer, combine
 from utils.system.pipeline import QASystem
 
@@ -136,6 +137,18 @@ def test_two_processes_give_the_same_predictions_as_one(models, tmp_path):
         assert (x["score"] is None) == (y["score"] is None), x["id"]
         if x["score"] is not None:
             assert x["score"] == pytest.approx(y["score"], rel=1e-5, abs=1e-5), x["id"]
+    # at scale: an index built by 2 processes (one shard each), searched where it lies by 2 processes, each its
+    # own shard: the same answers as one process embedding the corpus itself
+    reader, retriever = models
+    index, three = str(tmp_path / "index"), str(tmp_path / "three")
+    run_ddp("index_corpus.py", "--retriever", retriever, "--passages", f"{SAMPLE}/dpr_passages.jsonl",
+            "--output_dir", index, "--chunk_passages", 8)
+    assert len(Index.load(index).shards) == 2
+    run_ddp("qa_system.py", "--retriever", retriever, "--reader", reader, "--index", index, "--questions",
+            f"{SAMPLE}/dev.json", "--output_dir", three, "--eval_k", 1, 3, "--no_answer_threshold", 0.0)
+    assert json.load(open(f"{three}/predictions.json")) == a
+    dc = [json.loads(line) for line in open(f"{three}/details.jsonl")]
+    assert [(x["id"], x["passage_id"]) for x in dc] == [(x["id"], x["passage_id"]) for x in da]
 
 
 def test_bad_inputs_are_one_line_errors_before_anything_is_created(models, tmp_path):
