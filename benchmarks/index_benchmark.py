@@ -7,9 +7,10 @@ sizes with a kill and resume, on text with real lengths.
 throughput: the texts the retriever embeds for the corpus (its sentence windows, or whole passages), one process,
 batch --batch_size, in one run side by side: this project's `Retriever.encode_passages` (tokenised once, longest
 first, the passage pair (title, text) as trained, under its recorded autocast) against
-`SentenceTransformer(passage_encoder).encode` on the same windows' texts (fp32, and bf16 weights) and
+`SentenceTransformer(passage_encoder).encode` on the same windows' texts (its encode takes no (title, text) pairs;
+cut at the retriever's max_passage_length; fp32, and bf16 weights) and
 sentence-transformers' multi-process pool with 2 processes (fp32). Each engine is timed twice after a warm-up; texts/s
-and tokens/s of the faster pass.
+of the faster pass, and the tokens each side embeds (this project's with the titles, sentence-transformers' without).
 
 scale: corpora of --sizes passages made from the corpus's sentences, shuffled (seeded) and grouped 2 to 6 at a
 time, so lengths are real; index_corpus.py runs on each in its own process and its peak RSS is read (its own
@@ -39,6 +40,7 @@ def throughput(args) -> dict:
     from utils.retriever.data import load_passages
     from utils.retriever.retriever import Retriever
     from utils.retriever.sentence_windows import sentence_windows
+    from utils.retriever.settings import PASSAGE_ENCODER
 
     retriever = Retriever(args.retriever, device="cpu", batch_size=args.batch_size)
     passages = load_passages(args.passages)
@@ -46,6 +48,8 @@ def throughput(args) -> dict:
     texts = [w["text"] for w in windows]
     tokens = sum(len(x) for x in retriever.p_tok([w["title"] for w in windows], texts, truncation="only_second",
                                                  max_length=retriever.settings.max_passage_length)["input_ids"])
+    st_tokens = sum(len(x) for x in retriever.p_tok(texts, truncation=True,
+                                                   max_length=retriever.settings.max_passage_length)["input_ids"])
     rows = {}
 
     def timed(name, fn):
@@ -59,9 +63,13 @@ def throughput(args) -> dict:
     retriever.precision = "no"
     timed("this project, Retriever.encode_passages (fp32)",
           lambda t: retriever.encode_passages([{"title": w["title"], "text": x} for w, x in zip(windows, t)]))
-    st = SentenceTransformer(retriever.passage_encoder_dir, device="cpu")
+    # The passage side's directory (a shared encoder's query_encoder/ says the questions' max_seq_length), and its
+    # length set again: sentence-transformers must cut the texts where the retriever does, or it does less work.
+    st = SentenceTransformer(os.path.join(retriever.model_dir, PASSAGE_ENCODER), device="cpu")
+    st.max_seq_length = retriever.settings.max_passage_length
     timed("sentence-transformers encode (fp32)", lambda t: st.encode(t, batch_size=args.batch_size))
-    st_bf16 = SentenceTransformer(retriever.passage_encoder_dir, device="cpu").to(torch.bfloat16)
+    st_bf16 = SentenceTransformer(os.path.join(retriever.model_dir, PASSAGE_ENCODER), device="cpu").to(torch.bfloat16)
+    st_bf16.max_seq_length = retriever.settings.max_passage_length
     timed("sentence-transformers encode (bf16 weights)", lambda t: st_bf16.encode(t, batch_size=args.batch_size))
     pool = st.start_multi_process_pool(["cpu", "cpu"])
     try:
@@ -69,7 +77,8 @@ def throughput(args) -> dict:
               lambda t: st.encode(t, pool=pool, batch_size=args.batch_size))
     finally:
         st.stop_multi_process_pool(pool)
-    return {"texts": len(texts), "passages": len(passages), "tokens_with_titles": tokens, "rows": rows,
+    return {"texts": len(texts), "passages": len(passages), "tokens_with_titles": tokens, "tokens_without_titles":
+            st_tokens, "rows": rows,
             "batch_size": args.batch_size}
 
 
