@@ -1,11 +1,12 @@
 """Questions that arrive together are answered together: the server's micro-batching.
 
 Each request puts its questions on one queue and waits. A single worker takes the first waiting request, then
-every request that arrives within `max_wait` seconds (or is already waiting) until `max_batch` questions are
-gathered, and answers them in one pass on a worker thread (retrieval and reading batched across the requests).
-While a pass runs, new requests queue up, so under load every pass is as full as `max_batch` allows: throughput is
-a batch's, not one question's, and an idle server adds at most `max_wait` to a lone question's latency. With
-`max_batch=1` each question is its own pass (what the benchmark compares against).
+every request that arrives within `max_wait` seconds (or is already waiting) while its questions fit in `max_batch`
+(the first that does not fit opens the next pass, so requests keep their order), and answers them in one pass on a
+worker thread (retrieval and reading batched across the requests). While a pass runs, new requests queue up, so
+under load every pass is as full as `max_batch` allows: throughput is a batch's, not one question's, and an idle
+server adds at most `max_wait` to a lone question's latency. With `max_batch=1` each request is its own pass (what
+the benchmark compares against).
 """
 
 import asyncio
@@ -39,6 +40,7 @@ class Batcher:
         """`answer_many(questions, ks)`: one answer per question (with its own k), computed in one pass."""
         self.answer_many, self.max_batch, self.max_wait = answer_many, max_batch, max_wait
         self.queue: asyncio.Queue | None = None
+        self.held: _Request | None = None  # taken from the queue but left for the next pass: it did not fit
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qa-pass")
         self.passes = self.questions = 0  # counters for /health
 
@@ -52,7 +54,8 @@ class Batcher:
         loop = asyncio.get_running_loop()
         self.queue = self.queue or asyncio.Queue()
         while True:
-            batch = [await self.queue.get()]
+            batch = [self.held or await self.queue.get()]
+            self.held = None
             size = len(batch[0].questions)
             deadline = loop.time() + self.max_wait
             while size < self.max_batch:
@@ -60,6 +63,9 @@ class Batcher:
                     nxt = self.queue.get_nowait() if loop.time() >= deadline else await asyncio.wait_for(
                         self.queue.get(), deadline - loop.time())
                 except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                    break
+                if size + len(nxt.questions) > self.max_batch:  # first in the next pass: requests keep their order
+                    self.held = nxt
                     break
                 batch.append(nxt)
                 size += len(nxt.questions)
@@ -78,5 +84,5 @@ class Batcher:
                 if not r.future.done():  # the client may have gone
                     r.future.set_result(answers[first:first + len(r.questions)])
                 first += len(r.questions)
-            if self.queue.empty():  # nothing waits: a moment to give freed memory back, on the pass thread's arena
+            if self.queue.empty() and self.held is None:  # nothing waits: a moment to give freed memory back, on the pass thread's arena
                 await loop.run_in_executor(self.executor, release_freed_memory)
