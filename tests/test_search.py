@@ -116,6 +116,22 @@ def test_entries_waiting_for_a_merge_give_the_k_best_of_merging_every_block():
         assert torch.equal(best.scores, torch.gather(scores, 1, best.ids)), merge_at
 
 
+@pytest.mark.parametrize("width", [256, 300, 100])
+def test_scores_passing_a_cut_are_found_run_by_run_as_score_by_score(width):
+    """`passing` checks runs of columns by their maximum first: the same (row, column) pairs, grouped by row and in
+    column order, as comparing every score (with a tail shorter than a run, and rows whose cut nothing reaches)."""
+    from utils.retriever.selection import passing
+
+    rng = np.random.default_rng(7)
+    scores = torch.from_numpy(np.round(rng.standard_normal((40, width)), 1).astype(np.float32))
+    scores[3] = float("-inf")
+    cut = torch.from_numpy(rng.uniform(1.0, 3.5, 40).astype(np.float32))
+    cut[5] = float("-inf")  # a row before its first merge: every score passes
+    r, c = passing(scores, cut)
+    want_r, want_c = torch.nonzero(scores >= cut[:, None], as_tuple=True)
+    assert torch.equal(r, want_r) and torch.equal(c, want_c)
+
+
 def test_shards_cover_the_passages_once():
     assert [list(shard(7, r, 3)) for r in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
     assert [len(shard(2, r, 3)) for r in range(3)] == [1, 1, 0]

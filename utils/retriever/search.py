@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from utils.retriever.selection import KBest
+from utils.retriever.selection import KBest, passing
 from utils.retriever.shards import max_scores, merge_columns, merged_top_k, summed_counts
 
 
@@ -120,7 +120,7 @@ def _add_windows(best: "KBest", scores: torch.Tensor, rows: torch.Tensor, vector
     """MaxP without a segment max over the whole block: a passage can only enter the k best through a window at
     or above the cut, and then its score is the best of those windows. So cut the window scores, and take the
     best window of each passage among the few that pass (its windows are consecutive in a row)."""
-    r, c = torch.nonzero(scores >= best.floor[rows, None], as_tuple=True)
+    r, c = passing(scores, best.floor[rows])
     if not len(r):
         return
     base = int(vectors.starts[first])

@@ -17,6 +17,27 @@ def selection_keys(vals: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 LOWEST = torch.iinfo(torch.int64).min
+SPAN = 64  # columns whose maximum is checked against the cut before any of them is
+
+
+def passing(scores: torch.Tensor, cut: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, columns) of the scores at or above their row's cut, grouped by row. Once the cut is high few scores
+    pass, so each run of SPAN columns is first checked by its maximum (one pass over the scores), and only the runs
+    that reach the cut are looked at score by score: not a comparison, a mask and a scan of every score."""
+    n, width = scores.shape
+    runs = width // SPAN
+    if runs < 4 or not scores.is_contiguous():
+        return torch.nonzero(scores >= cut[:, None], as_tuple=True)
+    head = scores[:, :runs * SPAN].view(n, runs, SPAN)
+    rr, ss = torch.nonzero(head.amax(2) >= cut[:, None], as_tuple=True)
+    pr, pc = torch.nonzero(head[rr, ss] >= cut[rr, None], as_tuple=True)
+    r, c = rr[pr], ss[pr] * SPAN + pc
+    if runs * SPAN < width:  # the last columns, fewer than SPAN
+        tr, tc = torch.nonzero(scores[:, runs * SPAN:] >= cut[:, None], as_tuple=True)
+        r, c = torch.cat([r, tr]), torch.cat([c, tc + runs * SPAN])
+        order = torch.argsort(r, stable=True)
+        r, c = r[order], c[order]
+    return r, c
 
 
 class KBest:
@@ -44,7 +65,7 @@ class KBest:
         if first:  # the first block's k-th best is a safe cut at once (the final k-th best can only be higher)
             self.floor = scores.topk(self.k, dim=1).values[:, -1]
         self.started = True
-        r, cols = torch.nonzero(scores >= self.floor[rows, None], as_tuple=True)  # grouped by row, in column order
+        r, cols = passing(scores, self.floor[rows])
         self.add_entries(rows[r], cols + first_id, scores[r, cols])
         if first:
             self.flush()  # the k best of the first block: every later cut is then the k-th best so far
