@@ -14,8 +14,10 @@ of the faster pass, and the tokens each side embeds (this project's with the tit
 
 scale: corpora of --sizes passages made from the corpus's sentences, shuffled (seeded) and grouped 2 to 6 at a
 time, so lengths are real; index_corpus.py runs on each in its own process and its peak RSS is read (its own
-GNU time's %M); at the largest size a second build is SIGKILLed half way and resumed,
-and its vectors compared with the uninterrupted build's. Writes index_<throughput|scale>_cpu.json to --out.
+GNU time's %M) with --bm25 false: the dense index, the job whose memory must not grow with the corpus. BM25, which
+index_corpus.py --bm25 builds at the end over the whole corpus in memory, is built apart at each size (its own
+peak RSS). At the largest size a second build is SIGKILLed half way and resumed, and its vectors compared with the
+uninterrupted build's. Writes index_<throughput|scale>_cpu.json to --out.
 """
 
 import argparse
@@ -109,7 +111,7 @@ def index_run(args, corpus: str, out: str, kill_at: int | None = None) -> dict:
     peak_file = out.rstrip("/") + ".peak"
     cmd = ["/usr/bin/time", "-o", peak_file, "-f", "%M", sys.executable, os.path.join(ROOT, "index_corpus.py"),
            "--retriever", args.retriever, "--passages", corpus, "--output_dir", out, "--chunk_passages",
-           str(args.chunk_passages), "--batch_size", str(args.batch_size)]
+           str(args.chunk_passages), "--batch_size", str(args.batch_size), "--bm25", "false"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     if kill_at is not None:
@@ -131,6 +133,17 @@ def index_run(args, corpus: str, out: str, kill_at: int | None = None) -> dict:
     except (OSError, ValueError, IndexError):
         peak = None  # killed: time reports nothing
     return {"seconds": seconds, "peak_rss_mb": round(peak / 1024, 1) if peak else None}
+
+
+def bm25_run(corpus: str) -> dict:
+    """BM25 of `corpus` built as index_corpus.py --bm25 builds it (the whole corpus in memory), in a child:
+    (seconds, peak RSS MB)."""
+    peak_file = corpus + ".bm25.peak"
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from utils.retriever.bm25 import BM25; "
+            f"from utils.retriever.data import load_passages; BM25(load_passages({corpus!r}))")
+    t0 = time.perf_counter()
+    subprocess.run(["/usr/bin/time", "-o", peak_file, "-f", "%M", sys.executable, "-c", code], check=True)
+    return {"seconds": round(time.perf_counter() - t0, 1), "peak_rss_mb": round(int(open(peak_file).read().split()[-1]) / 1024, 1)}
 
 
 MARK = ".index-benchmark"  # in --work: this benchmark made it, so the indexes it holds are its own to replace
@@ -160,7 +173,8 @@ def scale(args) -> dict:
         run = index_run(args, corpus, out)
         meta = json.load(open(os.path.join(out, "index.json")))
         rows.append({"passages": size, "vectors": meta["vectors"], **run,
-                     "passages_per_second": round(size / max(meta.get("seconds", run["seconds"]), 1e-9), 1)})
+                     "passages_per_second": round(size / max(meta.get("seconds", run["seconds"]), 1e-9), 1),
+                     "bm25": bm25_run(corpus)})
         print(rows[-1], flush=True)
     largest = max(args.sizes)
     corpus, whole = os.path.join(args.work, f"corpus-{largest}.jsonl"), os.path.join(args.work, f"index-{largest}")
