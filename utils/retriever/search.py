@@ -147,6 +147,8 @@ def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, excl
     thresholds: every product in fp32, the very products `gold_scores` computed the thresholds with)."""
     device = queries.device
     k = min(k, vectors.count)
+    if prefilter and thresholds is not None:
+        raise ValueError("the bf16 prefilter skips products the counts against thresholds need")
     if prefilter is None:  # worth it when a block holds, on average, well under one of a query's k best
         prefilter = bf16_prefilter_available(device) and k * 1024 < 0.5 * len(vectors.embeddings)
     out_scores, out_ids, out_counts = [], [], []

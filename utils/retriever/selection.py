@@ -21,9 +21,11 @@ SPAN = 64  # columns whose maximum is checked against the cut before any of them
 
 
 def passing(scores: torch.Tensor, cut: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, columns) of the scores at or above their row's cut, grouped by row. Once the cut is high few scores
-    pass, so each run of SPAN columns is first checked by its maximum (one pass over the scores), and only the runs
-    that reach the cut are looked at score by score: not a comparison, a mask and a scan of every score."""
+    """(rows, columns) of the scores at or above their row's cut, grouped by row, columns ascending: what
+    `torch.nonzero(scores >= cut[:, None])` gives, for scores without NaN (the search has made them -inf). Once the
+    cut is high few scores pass, so each run of SPAN columns is first checked by its maximum (one pass over the
+    scores), and only the runs that reach the cut are looked at score by score: not a comparison, a mask and a scan
+    of every score."""
     n, width = scores.shape
     runs = width // SPAN
     if runs < 4 or not scores.is_contiguous():

@@ -54,7 +54,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         self.queue = self.queue or asyncio.Queue()
         while True:
-            batch = [self.held or await self.queue.get()]
+            batch = [self.held if self.held is not None else await self.queue.get()]
             self.held = None
             size = len(batch[0].questions)
             deadline = loop.time() + self.max_wait
@@ -84,5 +84,6 @@ class Batcher:
                 if not r.future.done():  # the client may have gone
                     r.future.set_result(answers[first:first + len(r.questions)])
                 first += len(r.questions)
-            if self.queue.empty() and self.held is None:  # nothing waits: a moment to give freed memory back, on the pass thread's arena
+            if self.queue.empty() and self.held is None:  # nothing waits: a moment to give freed memory back,
+                # on the pass thread's arena
                 await loop.run_in_executor(self.executor, release_freed_memory)
