@@ -42,18 +42,6 @@ def keep_freed_memory(device: torch.device) -> None:
         logger.warning("mallopt refused the CPU memory settings; training runs slower")
 
 
-def release_freed_memory() -> None:
-    """Hand the pages glibc holds free back to the kernel (malloc_trim): what a long-running job that does not train
-    calls between units of work (the server after a pass, indexing after a chunk). Allocations of every size and
-    padded length fragment the heap's free space, and glibc returns free memory on its own only from the top of a
-    heap: RSS would creep up with the work done, not with what is held."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc: nothing to do
-            pass
-
-
 def setup(args) -> Accelerator:
     """Create the Accelerator, check the precision is real on this device, seed, and print the run summary."""
     trackers = {"none": None, "all": "all"}.get(args.report_to, [args.report_to])

@@ -14,7 +14,6 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 
 from utils.loop.errors import UserError
-from utils.loop.process import release_freed_memory
 from utils.retriever.bm25 import BM25
 from utils.retriever.data import byte_ranges, count_lines, stream_passages
 from utils.retriever.index import check_index_target, manifest
@@ -180,8 +179,6 @@ def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, retri
         rows = list(stream_passages(path, start, stop))
         vectors, owner = retriever.encode_passages([p for p, _, _ in rows])
         writer.append(content_hash([raw for _, raw, _ in rows]), [p for p, _, _ in rows], vectors, owner)
-        del rows, vectors, owner
-        release_freed_memory()  # the chunk's memory back to the kernel: RSS stays one chunk's, chunk after chunk
         if main:
             rate = (writer.progress["passages"] - before) / max(time.perf_counter() - t0, 1e-9)
             logger.info("chunk %d of %d of this shard: %d passages (%.0f passages/s)", i + 1, len(chunks),
