@@ -18,7 +18,7 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 
 Skeleton: setup -> data (the corpus checked, shard by shard, before anything is written: every passage as the one
 corpus loader checks it, every id unique across the whole corpus) -> the output directory -> embed (chunks of
---chunk_passages; peak memory is one chunk, whatever the corpus size) -> finish (the manifest, BM25 if asked).
+--chunk_passages; it holds one chunk, whatever the corpus size) -> finish (the manifest, BM25 if asked).
 """
 
 import logging

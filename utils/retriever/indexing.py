@@ -1,7 +1,7 @@
 """Building an index on disk from every process (index_corpus.py, and qa_system.py when given passages): each
 process checks and embeds one contiguous shard of the corpus file (its byte range, cut at line starts), chunk by
 chunk, into its own shard files (utils.retriever.index_files); a killed build resumes after each shard's last
-complete chunk. The corpus is streamed, never loaded whole: peak memory is one chunk's tokens and vectors."""
+complete chunk. The corpus is streamed, never loaded whole: a process holds one chunk's tokens and vectors."""
 
 import hashlib
 import logging
