@@ -48,11 +48,11 @@ def throughput(args) -> dict:
     passages = load_passages(args.passages)
     windows, _ = sentence_windows(passages, retriever.settings.window_sentences)
     texts = [w["text"] for w in windows]
-    tokens = sum(len(x) for x in retriever.p_tok([w["title"] for w in windows], texts, truncation="only_second",
-                                                 max_length=retriever.settings.max_passage_length)["input_ids"])
-    st_tokens = sum(len(x) for x in retriever.p_tok(texts, truncation=True,
-                                                   max_length=retriever.settings.max_passage_length)["input_ids"])
     rows = {}
+
+    def tokens(*inputs, **cut) -> int:
+        ids = retriever.p_tok(*inputs, max_length=retriever.settings.max_passage_length, **cut)["input_ids"]
+        return sum(len(x) for x in ids)
 
     def timed(name, fn):
         fn(texts[: 4 * args.batch_size])  # warm-up
@@ -79,9 +79,9 @@ def throughput(args) -> dict:
               lambda t: st.encode(t, pool=pool, batch_size=args.batch_size))
     finally:
         st.stop_multi_process_pool(pool)
-    return {"texts": len(texts), "passages": len(passages), "tokens_with_titles": tokens, "tokens_without_titles":
-            st_tokens, "rows": rows,
-            "batch_size": args.batch_size}
+    return {"texts": len(texts), "passages": len(passages), "batch_size": args.batch_size, "rows": rows,
+            "tokens_with_titles": tokens([w["title"] for w in windows], texts, truncation="only_second"),
+            "tokens_without_titles": tokens(texts, truncation=True)}
 
 
 def _seconds(fn, texts) -> float:
@@ -127,12 +127,15 @@ def index_run(args, corpus: str, out: str, kill_at: int | None = None) -> dict:
     code = proc.wait()
     if kill_at is None and code != 0:
         raise SystemExit(f"index_corpus.py exited {code}")
-    seconds = round(time.perf_counter() - t0, 1)
+    return {"seconds": round(time.perf_counter() - t0, 1), "peak_rss_mb": _peak_mb(peak_file)}
+
+
+def _peak_mb(peak_file: str) -> float | None:
+    """The peak RSS (MB) GNU time's %M wrote for its child; None when it wrote nothing (the child was killed)."""
     try:
-        peak = int(open(peak_file).read().split()[-1])  # KiB, the child's own peak (GNU time's %M)
+        return round(int(open(peak_file).read().split()[-1]) / 1024, 1)  # %M is in KiB
     except (OSError, ValueError, IndexError):
-        peak = None  # killed: time reports nothing
-    return {"seconds": seconds, "peak_rss_mb": round(peak / 1024, 1) if peak else None}
+        return None
 
 
 def bm25_run(corpus: str) -> dict:
@@ -143,8 +146,7 @@ def bm25_run(corpus: str) -> dict:
             f"from utils.retriever.data import load_passages; BM25(load_passages({corpus!r}))")
     t0 = time.perf_counter()
     subprocess.run(["/usr/bin/time", "-o", peak_file, "-f", "%M", sys.executable, "-c", code], check=True)
-    peak = int(open(peak_file).read().split()[-1])  # KiB
-    return {"seconds": round(time.perf_counter() - t0, 1), "peak_rss_mb": round(peak / 1024, 1)}
+    return {"seconds": round(time.perf_counter() - t0, 1), "peak_rss_mb": _peak_mb(peak_file)}
 
 
 MARK = ".index-benchmark"  # in --work: this benchmark made it, so the indexes it holds are its own to replace

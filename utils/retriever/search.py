@@ -78,6 +78,12 @@ def _blocks(vectors: Vectors, block_rows: int):
         first = last
 
 
+def _vector_blocks(vectors: Vectors, block_rows: int, device):
+    """(first passage, last passage, their vectors as float32 on `device`) block by block (`_blocks`)."""
+    for first, last in _blocks(vectors, block_rows):
+        yield first, last, vectors.rows(vectors.starts[first], vectors.starts[last], device)
+
+
 def _passage_scores(scores: torch.Tensor, vectors: Vectors, first: int, last: int) -> torch.Tensor:
     """Window scores (queries x rows of passages first:last) -> passage scores (their best window)."""
     if vectors.owner is not None and vectors.starts[last] - vectors.starts[first] != last - first:
@@ -178,8 +184,7 @@ def _k_best(q: torch.Tensor, vectors: Vectors, k: int, block_rows: int, prefilte
     best = KBest(len(q), k, q.device)
     every = torch.arange(len(q), device=q.device)
     q_b, q_norm = (q.bfloat16(), q.norm(dim=1)) if prefilter else (None, None)
-    for first, last in _blocks(vectors, block_rows):
-        w = vectors.rows(vectors.starts[first], vectors.starts[last], q.device)
+    for first, last, w in _vector_blocks(vectors, block_rows, q.device):
         rows = every
         if prefilter and best.started:
             rows = _may_reach(q_b, q_norm, w, best.floor)
@@ -208,8 +213,7 @@ def _k_best_and_counts(q: torch.Tensor, vectors: Vectors, k: int, limit: torch.T
     best = KBest(len(q), k, q.device)
     every = torch.arange(len(q), device=q.device)
     counts = torch.zeros(len(q), dtype=torch.long, device=q.device)
-    for first, last in _blocks(vectors, block_rows):
-        w = vectors.rows(vectors.starts[first], vectors.starts[last], q.device)
+    for first, last, w in _vector_blocks(vectors, block_rows, q.device):
         scores = _exact_scores(q, w, vectors, first, last)
         above = scores >= limit[:, None]
         if skip is not None:  # the excluded passages of this block
