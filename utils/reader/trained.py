@@ -108,10 +108,11 @@ def check_reader_dir(path: str) -> None:
                             "give a directory written by train_reader.py or another extractive QA model")
 
 
-def load_qa_model(path: str, trained: bool = True):
+def load_qa_model(path: str, trained: bool = True, overrides: dict | None = None):
     """AutoModelForQuestionAnswering from `path`. `trained`: the checkpoint must hold the question-answering head
     (a base encoder, or a DPR encoder, would answer with a randomly initialised head). Training starts from
-    any encoder: its new head is expected, and transformers' warning about it is silenced for this load only."""
+    any encoder: its new head is expected, and transformers' warning about it is silenced for this load only.
+    `overrides`: config settings to load it with (utils.loop.dropout)."""
     import transformers
     from transformers import AutoModelForQuestionAnswering
 
@@ -119,7 +120,8 @@ def load_qa_model(path: str, trained: bool = True):
     if not trained:
         transformers.utils.logging.set_verbosity_error()
     try:
-        model, info = AutoModelForQuestionAnswering.from_pretrained(path, output_loading_info=True)
+        model, info = AutoModelForQuestionAnswering.from_pretrained(path, output_loading_info=True,
+                                                                    **(overrides or {}))
     except (OSError, ValueError) as err:
         raise UserError(f"{path}: cannot load a QA model ({str(err).splitlines()[0]})") from None
     finally:
