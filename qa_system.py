@@ -8,8 +8,9 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       Retrieves (dense + BM25 hybrid at the retriever's recorded weight), reads the top passages and answers;
       with labelled questions it reports, for k = 1, 3, 5, 10 passages read, end-to-end EM/F1 (total, HasAns,
       NoAns), the retriever's recall@k of an answer-bearing passage, the reader's F1 on the gold paragraphs (the
-      ceiling) and questions/s. The threshold is tuned on --validation_file (here the same file: an upper bound,
-      and said so). docs/RESULTS.md has the numbers.
+      ceiling) and questions/s. The no-answer threshold and the weight of the retriever's score in the answer are
+      tuned on --validation_file for each k (here the same file: an upper bound, and said so): give the row's two
+      to serve.py as --no_answer_threshold and --retriever_weight. docs/RESULTS.md has the numbers.
 
   python qa_system.py --retriever bm25 --reader outputs/reader-squad --passages corpus.jsonl \
       --questions questions.jsonl --no_answer_threshold -3.2 --output_dir outputs/qa-bm25
@@ -23,7 +24,7 @@ holding an earlier run's is refused unless --overwrite_output_dir, and then repl
 leaves nothing): predictions.json (id -> answer text, "" for no answer, at --top_k: what the official SQuAD v2
 evaluation script reads), details.jsonl (per question the answer, the passage it was taken from and its score,
 null when the system abstains, and the passages read with each one's best span and null score), eval_results.json
-(the table, the thresholds and the precision each model ran at) and, with --passages and a trained retriever,
+(the table, with each k's threshold and retriever weight, and the precision each model ran at) and, with --passages and a trained retriever,
 index/ (the corpus indexed: give it as --index next time).
 """
 
@@ -47,8 +48,8 @@ from utils.retriever.data import load_passages
 from utils.retriever.index import Index
 from utils.system.answer import combine
 from utils.system.inputs import SystemArgs, build_system
-from utils.system.measure import (combined_at, labelled, questions_per_second, reading_share, recall, scores,
-                                  tune_threshold)
+from utils.system.measure import (RETRIEVER_WEIGHTS, combined_at, labelled, questions_per_second, reading_share,
+                                  recall, scores, tune)
 from utils.system.pipeline import QASystem, answer_of
 
 logger = logging.getLogger("qa-amp")
@@ -58,8 +59,9 @@ logger = logging.getLogger("qa-amp")
 class QAArgs(SystemArgs):
     questions: str = arg(None, "Questions to answer: SQuAD v1.1/v2.0 JSON (with answers the system is measured), or "
                                "JSON lines of {id, question} (optionally context, answers). Every question needs an id.")
-    validation_file: Optional[str] = arg(None, "Labelled SQuAD JSON to tune the system's no-answer threshold on, for "
-                                               "each number of passages read (instead of --no_answer_threshold).")
+    validation_file: Optional[str] = arg(None, "Labelled SQuAD JSON to tune the system's no-answer threshold and "
+                                               "retriever weight on, for each number of passages read (instead of "
+                                               "--no_answer_threshold; the weight too unless --retriever_weight).")
     top_k: int = arg(5, "Passages read per question for predictions.json (at most the corpus).")
     eval_k: list[int] = field(default_factory=lambda: [1, 3, 5, 10], metadata={
         "help": "The numbers of passages read that the measurement reports (one retrieval, one reading, at the "
@@ -174,31 +176,36 @@ def main(argv=None):
                   "tuned on this very file: an upper bound" if same_file else
                   f"tuned on {args.validation_file}" if validation is not None else "the reader's recorded threshold")
 
-        def threshold(tuning_readings, kk):
+        def tuned(tuning_readings, kk, fuse=True):
+            """(retriever weight, threshold) at kk: given, tuned on the validation questions, or the reader's
+            threshold with no fusion; gold paragraphs, one passage without a retrieval score, are read unfused."""
+            weight = (args.retriever_weight or 0.0) if fuse else 0.0
             if args.no_answer_threshold is not None:
-                return args.no_answer_threshold
+                return weight, args.no_answer_threshold
             if tuning_readings is None:
-                return system.recorded_threshold
-            return tune_threshold(validation, combined_at(tuning_readings, kk, system.shared))
+                return weight, system.recorded_threshold
+            weights = RETRIEVER_WEIGHTS if fuse and args.retriever_weight is None else [weight]
+            return tune(validation, lambda w: combined_at(tuning_readings, kk, system.shared, w), weights)
 
-        thresholds = {kk: threshold(v_readings, kk) for kk in bands}
+        settings = {kk: tuned(v_readings, kk) for kk in bands}
 
         # --- measure, write ----------------------------------------------------------------------------
         rows = []
         for kk in bands:
-            row = {"k": kk, "threshold": thresholds[kk],
+            weight, threshold = settings[kk]
+            row = {"k": kk, "threshold": threshold, "retriever_weight": weight,
                    "questions_per_second": questions_per_second(times, kk, len(questions)),
                    "reading_share": reading_share(times, kk)}
             if is_labelled:
                 row["recall"] = recall(questions, retrieved, kk)
-                row.update(scores(questions, combined_at(readings, kk, system.shared), thresholds[kk]))
+                row.update(scores(questions, combined_at(readings, kk, system.shared, weight), threshold))
             rows.append(row)
         ceiling = None
         if gold is not None:
-            gold_threshold = threshold(v_gold, 1)
+            gold_threshold = tuned(v_gold, 1, fuse=False)[1]
             ceiling = {"threshold": gold_threshold,
                        **scores(questions, combined_at(gold, 1, system.shared), gold_threshold)}
-        write_outputs(accelerator, out, questions, retrieved, readings, top_k, thresholds[top_k], system.shared)
+        write_outputs(accelerator, out, questions, retrieved, readings, top_k, settings[top_k], system.shared)
         write_json(accelerator, os.path.join(out, "eval_results.json"),
                    {"retriever": args.retriever, "reader": args.reader, "questions": args.questions,
                     "passages": len(system.passages), "hybrid": system.hybrid, "threshold_source": source,
@@ -210,7 +217,7 @@ def main(argv=None):
         accelerator.print("  ".join(f"{key} {_fmt(value)}" for key, value in r.items()))
     if ceiling:
         accelerator.print("gold paragraphs (the ceiling): " + "  ".join(f"{key} {_fmt(v)}" for key, v in ceiling.items()))
-    accelerator.print(f"threshold: {source}; predictions.json at k={top_k} in {args.output_dir}")
+    accelerator.print(f"threshold and retriever weight: {source}; predictions.json at k={top_k} in {args.output_dir}")
     finish(accelerator)
 
 
@@ -227,17 +234,19 @@ def _fmt(value):
     return f"{value:.2f}" if isinstance(value, float) else value
 
 
-def write_outputs(accelerator, directory, questions, retrieved, readings, top_k, threshold, shared) -> None:
+def write_outputs(accelerator, directory, questions, retrieved, readings, top_k, setting, shared) -> None:
     """predictions.json ({id: answer text}, the official SQuAD v2 evaluation's input) and details.jsonl: per
     question its answer at top_k, the passage it was taken from and its score (null on an abstention), its
     offsets in that passage, and every passage read (retrieval score, best span, span and null scores; null for a
-    passage without a span)."""
+    passage without a span). `setting`: (retriever weight, threshold) at top_k."""
     if not accelerator.is_main_process:
         return
+    weight, threshold = setting
     predictions = {}
     with open(os.path.join(directory, "details.jsonl"), "w", encoding="utf-8") as f:
         for q, passages, reads in zip(questions, retrieved, readings):
-            a = answer_of(combine(reads[:top_k], shared), threshold, passages[:top_k], reads[:top_k])
+            a = answer_of(combine(reads[:top_k], shared, retriever_weight=weight), threshold, passages[:top_k],
+                          reads[:top_k])
             predictions[q["id"]] = a["answer"]
             f.write(json_line({"id": q["id"], "question": q["question"], "answer": a["answer"],
                                "passage_id": a["passage_id"], "score": a["score"], "start": a["start"],

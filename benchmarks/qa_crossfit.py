@@ -13,7 +13,9 @@ and whether the no-answer decision transfers to a set with another share of unan
 tuned on one half as it is, the other half scored reweighted to half unanswerable (F1 = the mean of its HasAns and
 NoAns F1; abstaining on every question scores 50 there), both ways round. With --abstain_on probability (a reader
 trained with shared normalization) the threshold is on the question's probability of no answer instead of the log
-ratio of the no-answer to the best span.
+ratio of the no-answer to the best span. With --retriever_weight tune the weight of the retriever's score in the
+answer (utils.system.answer) is tuned with the threshold wherever a threshold is, as qa_system.py does; a number
+fixes it.
 """
 
 import argparse
@@ -26,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from utils.squad.files import load_questions  # noqa: E402
 from utils.system.answer import combine  # noqa: E402
-from utils.system.measure import scores, tune_threshold  # noqa: E402
+from utils.system.measure import RETRIEVER_WEIGHTS, combined_at, scores, tune  # noqa: E402
 
 
 def paragraph_of(path: str) -> dict:
@@ -36,27 +38,24 @@ def paragraph_of(path: str) -> dict:
     return {qa["id"]: i for i, p in enumerate(paragraphs) for qa in p["qas"]}
 
 
-def readings_of(path: str, retriever_weight: float = 0.0) -> dict:
-    """Question id -> (its passages' readings, in retrieval order, as utils.system.answer.combine takes them, and
-    whether the reader's rule is the shared one). A
-    passage without a span has span_score -inf, written as null in the strict JSON of details.jsonl (its null score
-    likewise, +inf). `retriever_weight` w: every span of a passage scores w x the passage's retrieval score more
-    (fusion with the retriever, as pygaggle does for DPR's reader)."""
-    out = {}
+def readings_of(path: str) -> tuple[dict, bool]:
+    """(question id -> its passages' readings, in retrieval order, as utils.system.answer.combine takes them;
+    whether the reader's rule is the shared one). A passage without a span has span_score -inf, written as null in
+    the strict JSON of details.jsonl (its null score likewise, +inf)."""
+    out, shared = {}, False
     with open(path, encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
             readings = []
             for p in row["passages"]:
-                prior = retriever_weight * p["score"]
-                span = -math.inf if p["span_score"] is None else p["span_score"] + prior
+                span = -math.inf if p["span_score"] is None else p["span_score"]
                 null = math.inf if p["null_score"] is None else p["null_score"]
-                readings.append({"passage_id": p["passage_id"], "text": p["span"], "score": span, "null_score": null,
-                                 "null_minus_best": null - span if p["span"] else math.inf,
-                                 "nbest": [dict(x, score=x["score"] + prior) for x in p.get("nbest") or []],
+                readings.append({"passage_id": p["passage_id"], "retrieval_score": p["score"], "text": p["span"],
+                                 "score": span, "null_score": null,
+                                 "null_minus_best": null - span if p["span"] else math.inf, "nbest": p.get("nbest"),
                                  **{k: p.get(k) for k in ("null_start", "null_end", "lse_start", "lse_end")}})
-            out[row["id"]] = (readings, row.get("rule") == "question")
-    return out
+            out[row["id"]], shared = readings, row.get("rule") == "question"
+    return out, shared
 
 
 def main():
@@ -70,46 +69,52 @@ def main():
     parser.add_argument("--aggregate", action="store_true",
                         help="answer by answer string: the summed probability of its spans over the passages "
                              "(shared-normalization readers; utils.system.answer)")
-    parser.add_argument("--retriever_weight", type=float, default=0.0,
-                        help="fuse the retriever's score: every span of a passage scores this much x the passage's "
-                             "retrieval score more (0: the reader's scores alone)")
+    parser.add_argument("--retriever_weight", default="0",
+                        help="the weight of the retriever's score in the answer (utils.system.answer): a number, or "
+                             "tune (tuned with the threshold, as qa_system.py does; 0: the reader's scores alone)")
     args = parser.parse_args()
 
     questions = load_questions(args.questions, need_context=False)
     paragraph = paragraph_of(args.questions)
-    readings = readings_of(os.path.join(args.run, "details.jsonl"), args.retriever_weight)
+    readings, shared = readings_of(os.path.join(args.run, "details.jsonl"))
+    weights = RETRIEVER_WEIGHTS if args.retriever_weight == "tune" else [float(args.retriever_weight)]
     halves = [[q for q in questions if paragraph[q["id"]] % 2 == h] for h in (0, 1)]
     print(f"{args.run}: {len(questions)} questions, halves of {len(halves[0])} / {len(halves[1])} questions "
           f"({len(set(paragraph.values()))} paragraphs)")
     print("| k | F1 (threshold tuned on the file: upper bound) | F1 cross-fitted | EM | HasAns F1 | NoAns F1 | "
-          "F1 at 50% unanswerable, threshold tuned on the other half (A->B, B->A, mean; abstaining: 50) |")
-    print("|---|---|---|---|---|---|---|")
+          "F1 at 50% unanswerable, threshold tuned on the other half (A->B, B->A, mean; abstaining: 50) | "
+          "retriever weight (on the file; the halves) |")
+    print("|---|---|---|---|---|---|---|---|")
     calibration = []
     for k in args.k:
-        def combined(qs):
-            views = [combine(readings[q["id"]][0][:k], readings[q["id"]][1], args.aggregate) for q in qs]
+        def combined(qs, weight):
+            views = [combine(readings[q["id"]][:k], shared, args.aggregate, weight) for q in qs]
             if args.abstain_on == "probability":
                 views = [dict(c, null_minus_best=c["no_answer_probability"]) for c in views]
             return views
 
-        upper = scores(questions, combined(questions), tune_threshold(questions, combined(questions)))
-        # each half answered at the threshold tuned on the other half; both scored together
-        answered, views = [], []
+        def tuned(qs):  # (weight, threshold) tuned on these questions
+            return tune(qs, lambda w: combined(qs, w), weights)
+
+        weight, threshold = tuned(questions)
+        upper = scores(questions, combined(questions, weight), threshold)
+        # each half answered at the settings tuned on the other half; both scored together
+        answered, views, shifted, half_weights = [], [], [], []
         for h in (0, 1):
-            threshold = tune_threshold(halves[1 - h], combined(halves[1 - h]))
+            w, threshold = tuned(halves[1 - h])
+            half_weights.append(w)
             answered += halves[h]
-            views += [dict(c, threshold=threshold) for c in combined(halves[h])]
-        crossed = _scores_at_own_thresholds(answered, views)
-        shifted = []
-        for h in (0, 1):  # tuned on one half as it is, scored on the other reweighted to half unanswerable
-            threshold = tune_threshold(halves[1 - h], combined(halves[1 - h]))
-            other = scores(halves[h], combined(halves[h]), threshold)
+            views += [dict(c, threshold=threshold) for c in combined(halves[h], w)]
+            # tuned on one half as it is, scored on the other reweighted to half unanswerable
+            other = scores(halves[h], combined(halves[h], w), threshold)
             shifted.append((other.get("HasAns_f1", float("nan")) + other.get("NoAns_f1", float("nan"))) / 2)
+        crossed = _scores_at_own_thresholds(answered, views)
         print(f"| {k} | {upper['f1']:.2f} | {crossed['f1']:.2f} | {crossed['exact']:.2f} | "
               f"{crossed.get('HasAns_f1', float('nan')):.2f} | {crossed.get('NoAns_f1', float('nan')):.2f} | "
-              f"{shifted[1]:.2f}, {shifted[0]:.2f}, {sum(shifted) / 2:.2f} |")
+              f"{shifted[1]:.2f}, {shifted[0]:.2f}, {sum(shifted) / 2:.2f} | "
+              f"{weight:g}; {half_weights[1]:g}, {half_weights[0]:g} |")
         if args.abstain_on == "probability":
-            calibration.append((k, *_calibration(questions, combined(questions))))
+            calibration.append((k, *_calibration(questions, combined(questions, weight))))
     for k, ece, brier, mean_p, share in calibration:
         print(f"k={k}: P(no answer) against the question being unanswerable: expected calibration error {ece:.3f} "
               f"(10 bins), Brier {brier:.3f}; mean P {mean_p:.3f} for a share of {share:.3f} unanswerable")

@@ -89,6 +89,48 @@ def test_one_rule_for_one_passage_or_many():
     assert answer(combine([{"passage_id": "a", "text": "", "score": -math.inf, "null_minus_best": math.inf}]), 5) == ""
 
 
+def lse(values):
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def test_the_retrievers_score_is_a_prior_over_the_passages_read():
+    a = {"passage_id": "a", "retrieval_score": 1.0, "text": "x", "score": 3.0, "null_score": 1.0,
+         "null_minus_best": -2.0, "null_start": 0.0, "null_end": 1.0, "lse_start": 2.0, "lse_end": 2.5,
+         "nbest": [{"text": "x", "score": 3.0}]}
+    b = {**a, "passage_id": "b", "retrieval_score": 0.0, "text": "y", "score": 4.0, "null_score": -1.0,
+         "null_minus_best": -5.0, "null_start": -1.0, "null_end": 0.0, "lse_start": 1.0, "lse_end": 1.5,
+         "nbest": [{"text": "y", "score": 4.0}]}
+    for shared in (False, True):  # one passage: raising all its logits together changes no decision
+        plain, fused = combine([a], shared), combine([a], shared, retriever_weight=8.0)
+        assert [fused[k] for k in ("text", "no_answer_probability")] == [plain[k] for k in ("text", "no_answer_probability")]
+        assert fused["null_minus_best"] == pytest.approx(plain["null_minus_best"])
+        assert combine([a, b], shared)["text"] == "y"  # the reader alone: b's span reads better
+    # w = 4: every logit of a rises by 4 x 1.0 / 2, b's by 0: a's span (3 + 4) now beats b's (4)
+    c = combine([a, b], shared=True, retriever_weight=4.0)
+    assert (c["text"], c["passage_id"], c["score"]) == ("x", "a", 7.0)
+    assert c["null_minus_best"] == pytest.approx(lse([0.0 + 2, -1.0]) + lse([1.0 + 2, 0.0]) - 7.0)
+    want = (math.exp(lse([0.0 + 2, -1.0]) - lse([2.0 + 2, 1.0])) + math.exp(lse([1.0 + 2, 0.0]) - lse([2.5 + 2, 1.5]))) / 2
+    assert c["no_answer_probability"] == pytest.approx(want)
+    assert combine([a, b], shared=True, retriever_weight=4.0, aggregate=True)["text"] == "x"
+    w = combine([a, b], retriever_weight=4.0)  # a reader trained a paragraph at a time: the span chosen moves,
+    assert (w["text"], w["null_minus_best"]) == ("x", -5.0)  # each passage's null - span does not
+
+
+def test_the_weight_is_tuned_with_the_threshold_and_the_smaller_of_equals_wins():
+    from utils.system.measure import tune
+
+    questions = [{"id": "1", "answers": {"text": ["x"]}}, {"id": "2", "answers": {"text": []}}]
+
+    def combined_with(weight):  # from weight 1 on, question 1 is answered right; question 2 is better abstained on
+        return [{"text": "x" if weight >= 1 else "z", "null_minus_best": -3.0},
+                {"text": "q", "null_minus_best": 2.0 if weight < 2 else -4.0}]
+
+    weight, threshold = tune(questions, combined_with, weights=(0.0, 0.5, 1.0, 2.0, 4.0))
+    assert weight == 1.0 and -3.0 <= threshold < 2.0
+    assert tune(questions, combined_with, weights=(0.0,))[0] == 0.0
+
+
 def test_a_retriever_that_ranks_the_gold_first_gives_the_readers_gold_paragraph_scores(models, tmp_path):
     """On the questions whose own paragraph BM25 ranks first, the system reading one passage reads exactly the gold
     paragraph: under the same rule and threshold its EM/F1 are the reader's gold-paragraph EM/F1."""
@@ -116,10 +158,30 @@ def test_a_retriever_that_ranks_the_gold_first_gives_the_readers_gold_paragraph_
 
 
 def test_the_threshold_tuned_on_the_file_it_scores_is_called_an_upper_bound(models, tmp_path):
+    from utils.system.measure import RETRIEVER_WEIGHTS
+
     out = str(tmp_path / "qa")
     proc = qa(models, out, "--validation_file", f"{SAMPLE}/dev.json")
-    assert json.load(open(f"{out}/eval_results.json"))["threshold_source"] == "tuned on this very file: an upper bound"
+    results = json.load(open(f"{out}/eval_results.json"))
+    assert results["threshold_source"] == "tuned on this very file: an upper bound"
     assert "tuned on this very file: an upper bound" in proc.stdout
+    assert all(r["retriever_weight"] in RETRIEVER_WEIGHTS for r in results["rows"])
+
+
+def test_the_api_at_a_runs_weight_and_threshold_answers_as_the_run(models, tmp_path):
+    """What a user copies from a run's row (serve.py --retriever_weight --no_answer_threshold) answers as it did."""
+    out = str(tmp_path / "qa")
+    qa(models, out, "--validation_file", f"{SAMPLE}/dev.json", "--retriever_weight", 4, "--top_k", 3)
+    row = next(r for r in json.load(open(f"{out}/eval_results.json"))["rows"] if r["k"] == 3)
+    assert row["retriever_weight"] == 4.0
+    predictions = json.load(open(f"{out}/predictions.json"))
+    questions = [q for a in json.load(open(f"{SAMPLE}/dev.json"))["data"] for p in a["paragraphs"] for q in p["qas"]]
+    system = QASystem(models[1], models[0], passages=f"{SAMPLE}/dpr_passages.jsonl", device="cpu", retriever_weight=4.0)
+    asked = system.ask([q["question"] for q in questions], k=3, threshold=row["threshold"])
+    assert {q["id"]: a["answer"] for q, a in zip(questions, asked)} == predictions
+    unfused = QASystem(models[1], models[0], passages=f"{SAMPLE}/dpr_passages.jsonl", device="cpu")
+    assert [a["answer"] for a in unfused.ask([q["question"] for q in questions], k=3, threshold=None)] != \
+        [a["answer"] for a in system.ask([q["question"] for q in questions], k=3, threshold=None)]  # it weighs
 
 
 def test_two_processes_give_the_same_predictions_as_one(models, tmp_path):

@@ -19,6 +19,14 @@ the span: the probabilities of every span (the n best of each passage) whose tex
 are summed over the passages, the most probable string wins (shown as its best span), and the no-answer is
 compared with it.
 
+With `retriever_weight` w > 0 (fusion with the retriever, as pygaggle does for DPR's reader) the retriever's
+confidence in each passage weighs on what is read in it: every logit of a passage, start and end, rises by
+w x its retrieval score / 2, so its spans and its no-answer are scaled by exp(w x score), a prior over the passages
+read. A span of a passage ranked low has to read better to win, which is what keeps more passages from costing
+answers. Shifting every passage by the same amount changes nothing, so one passage read (or equal scores) answers
+as without, and only the scale of w matters: it is the retriever's (BM25's scores spread wider than a hybrid's),
+so it is tuned with the threshold on labelled questions (utils.system.measure.tune).
+
 Either way the threshold is tuned like the reader's (utils.reader.metrics.best_null_threshold) on labelled
 questions, and None (a SQuAD v1.1 reader) always answers.
 """
@@ -36,11 +44,26 @@ def _lse(values) -> float:
     return top + math.log(sum(math.exp(v - top) for v in values))
 
 
-def combine(passages: list[dict], shared: bool = False, aggregate: bool = False) -> dict:
+def with_prior(reading: dict, prior: float) -> dict:
+    """A passage's reading with every logit, start and end, raised by `prior` / 2: its spans' and its no-answer's
+    scores by `prior` (the per-passage comparison, null - span, is unchanged)."""
+    if not prior:
+        return reading
+    out = {**reading, "score": reading["score"] + prior, "null_score": reading["null_score"] + prior,
+           "nbest": [dict(x, score=x["score"] + prior) for x in reading.get("nbest") or []]}
+    for key in ("null_start", "null_end", "lse_start", "lse_end"):
+        if reading.get(key) is not None:
+            out[key] = reading[key] + prior / 2
+    return out
+
+
+def combine(passages: list[dict], shared: bool = False, aggregate: bool = False, retriever_weight: float = 0.0) -> dict:
     """The system's view of one question from its passages' readings (each {"passage_id", "text", "score",
-    "null_score", "null_minus_best"}, and for `shared` "null_start", "null_end", "lse_start", "lse_end"; in
-    retrieval order): the best span over the passages (the earlier passage on equal scores) and what the threshold
-    compares (see the module docstring)."""
+    "null_score", "null_minus_best"}, for `shared` "null_start", "null_end", "lse_start", "lse_end", and for
+    `retriever_weight` "retrieval_score"; in retrieval order): the best span over the passages (the earlier passage
+    on equal scores) and what the threshold compares (see the module docstring)."""
+    if retriever_weight:
+        passages = [with_prior(p, retriever_weight * p["retrieval_score"]) for p in passages]
     best = max(passages, key=lambda p: p["score"], default=None)
     if best is None or best["score"] == -math.inf:
         return {"text": "", "passage_id": None, "score": None, "null_minus_best": math.inf,

@@ -26,6 +26,10 @@ class SystemArgs:
                                        "Default: when the retriever has one.")
     no_answer_threshold: Optional[float] = arg(None, "The system's no-answer threshold, tuned before. Default: the "
                                                      "reader's recorded threshold.")
+    retriever_weight: Optional[float] = arg(
+        None, "How much the retriever's score of a passage weighs on the answers read in it (0: the reader's scores "
+              "alone; utils/system/answer.py). Its scale is the retriever's, so tune it with the threshold: "
+              "qa_system.py --validation_file does (and reports both per k). Default: tuned there, else 0.")
     mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = arg(
         None, "Autocast precision of the encoders and the reader. Default: each model's own, the precision it was "
               "trained at (as trained).")
@@ -53,6 +57,8 @@ class SystemArgs:
         if self.index is not None and not os.path.isdir(self.index):
             raise UserError(f"--index {self.index}: no such directory")
         check_at_least_one(self, "batch_size")
+        if self.retriever_weight is not None and not self.retriever_weight >= 0:
+            raise UserError(f"--retriever_weight must be 0 or more (got {self.retriever_weight})")
 
 
 def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None = None, index: Index | None = None,
@@ -67,7 +73,8 @@ def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None
     reader = Reader(args.reader, device=device, batch_size=args.batch_size, precision=args.mixed_precision,
                     sort_by_length=True)
     if args.retriever == "bm25":
-        return QASystem("bm25", reader, passages=passages, progress=progress, rule=args.reader_rule)
+        return QASystem("bm25", reader, passages=passages, progress=progress, rule=args.reader_rule,
+                        retriever_weight=args.retriever_weight or 0.0)
     retriever = Retriever(args.retriever, device=device, batch_size=args.batch_size, precision=args.mixed_precision)
     if index is None:
         hybrid = retriever.settings.hybrid_dense_weight is not None if args.hybrid is None else args.hybrid
@@ -78,4 +85,5 @@ def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None
 
             build_index(accelerator, retriever, args.passages, index_dir, bm25=hybrid)
             index = Index.load(index_dir, share=(accelerator.process_index, accelerator.num_processes))
-    return QASystem(retriever, reader, index=index, hybrid=args.hybrid, progress=progress, rule=args.reader_rule)
+    return QASystem(retriever, reader, index=index, hybrid=args.hybrid, progress=progress, rule=args.reader_rule,
+                    retriever_weight=args.retriever_weight or 0.0)

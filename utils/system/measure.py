@@ -20,17 +20,37 @@ def references(questions: list[dict]) -> dict:
     return {q["id"]: q["answers"]["text"] for q in questions}
 
 
-def combined_at(readings: list[list[dict]], k: int, shared: bool = False) -> list[dict]:
+# the retriever weights tried (utils.system.answer): 0, then doubling over the scales retrievers' scores come in
+RETRIEVER_WEIGHTS = (0.0,) + tuple(2.0 ** i for i in range(-4, 8))
+
+
+def combined_at(readings: list[list[dict]], k: int, shared: bool = False, retriever_weight: float = 0.0) -> list[dict]:
     """The system's view of each question from its first k passages (`shared`: the rule of a reader trained with
-    shared normalization, utils.system.answer)."""
-    return [combine(passages[:k], shared) for passages in readings]
+    shared normalization; `retriever_weight`: the retriever's score fused in; utils.system.answer)."""
+    return [combine(passages[:k], shared, retriever_weight=retriever_weight) for passages in readings]
 
 
 def tune_threshold(questions: list[dict], combined: list[dict]) -> float:
     """The system threshold with the best F1 on these labelled questions (the official SQuAD v2 procedure)."""
-    _, threshold = best_null_threshold(references(questions), {q["id"]: c["text"] for q, c in zip(questions, combined)},
-                                       {q["id"]: _finite(c["null_minus_best"]) for q, c in zip(questions, combined)})
-    return threshold
+    return _best_threshold(questions, combined)[1]
+
+
+def _best_threshold(questions: list[dict], combined: list[dict]) -> tuple[float, float]:
+    """(F1, threshold) at the threshold with the best F1."""
+    return best_null_threshold(references(questions), {q["id"]: c["text"] for q, c in zip(questions, combined)},
+                               {q["id"]: _finite(c["null_minus_best"]) for q, c in zip(questions, combined)})
+
+
+def tune(questions: list[dict], combined_with, weights=RETRIEVER_WEIGHTS) -> tuple[float, float]:
+    """(retriever weight, threshold) with the best F1 on these labelled questions: each weight of `weights` with its
+    own best threshold, on equal F1 the smaller weight. `combined_with(weight)`: the questions' combined views with
+    that weight (combined_at)."""
+    best = None
+    for weight in weights:
+        f1, threshold = _best_threshold(questions, combined_with(weight))
+        if best is None or f1 > best[0]:
+            best = (f1, weight, threshold)
+    return best[1], best[2]
 
 
 def _finite(x: float) -> float:

@@ -10,7 +10,7 @@ answer by the one rule of utils.system.answer.
 The retriever ranks with its recorded settings (sentence windows, the hybrid's dense weight: utils.retriever.index)
 and the reader reads with its own (windows, decoding: utils.reader.trained); each runs at the precision it was
 trained at unless one is given. The threshold is the reader's recorded one unless a system threshold (tuned by
-qa_system.py on labelled questions) is given.
+qa_system.py on labelled questions) is given, and so is the weight of the retriever's score in the answer.
 """
 
 from utils.loop.errors import UserError
@@ -27,7 +27,7 @@ NBEST_KEPT = 5  # spans of each passage kept for answering by answer string (uti
 class QASystem:
     def __init__(self, retriever, reader, passages=None, index=None, hybrid: bool | None = None,
                  device: str | None = None, precision: str | None = None, batch_size: int = 64,
-                 progress: bool = False, rule: str | None = None):
+                 progress: bool = False, rule: str | None = None, retriever_weight: float = 0.0):
         """`retriever`: a directory written by train_dpr.py (or its loaded `Retriever`), or "bm25". `reader`: a
         directory written by train_reader.py (or its loaded `Reader`). `passages`: the corpus (a JSON-lines file or a
         list of {"title", "text", "passage_id"}, checked by utils.retriever.data.load_passages), or `index`: an Index
@@ -35,13 +35,17 @@ class QASystem:
         (default: when it has one). `precision`: the autocast of both models ("no", "bf16", "fp16"); default: each
         model's own, as trained. `progress`: progress bars while indexing and reading. `rule`: how answers are
         chosen across passages, "window" or "question" (utils.system.answer); default: the one the reader was trained
-        for (reader_settings.json)."""
+        for (reader_settings.json). `retriever_weight`: how much the retriever's score of a passage weighs on what is
+        read in it (utils.system.answer; tuned with the threshold by qa_system.py; 0: the reader's scores alone)."""
         if (passages is None) == (index is None):
             raise UserError("give the corpus as passages, or as an index of it (one of them)")
         self.progress = progress
         if rule not in (None, "window", "question"):
             raise UserError(f"rule {rule!r}: choose window or question")
         self.rule = rule
+        if not retriever_weight >= 0:
+            raise UserError(f"retriever_weight {retriever_weight}: give 0 or more")
+        self.retriever_weight = retriever_weight
         self.reader = reader if isinstance(reader, Reader) else Reader(
             reader, device=device, batch_size=batch_size, precision=precision, sort_by_length=True)
         if isinstance(retriever, str) and retriever == "bm25":
@@ -91,10 +95,11 @@ class QASystem:
         return self.index.search(questions, k, hybrid=self.hybrid)
 
     def read(self, questions: list[str], retrieved: list[list[dict]]) -> list[list[dict]]:
-        """Per question, per passage read: {"passage_id", "text" (its best span), "start"/"end" (its character
-        offsets in the passage; None without a span), "score", "null_score", "null_minus_best", and the log-sum-exps
-        the shared rule combines ("null_start", "null_end", "lse_start", "lse_end")}, in retrieval order. Every
-        (question, passage) pair goes through the reader's one decoding, in batches."""
+        """Per question, per passage read: {"passage_id", "retrieval_score" (the passage's "score", if it has one),
+        "text" (its best span), "start"/"end" (its character offsets in the passage; None without a span), "score",
+        "null_score", "null_minus_best", and the log-sum-exps the shared rule combines ("null_start", "null_end",
+        "lse_start", "lse_end")}, in retrieval order. Every (question, passage) pair goes through the reader's one
+        decoding, in batches."""
         examples = [{"id": f"{i}:{r}", "question": q, "context": p["text"]}
                     for i, (q, passages) in enumerate(zip(questions, retrieved)) for r, p in enumerate(passages)]
         decoded = self.reader.spans(examples, progress="reading" if self.progress else None,
@@ -105,7 +110,8 @@ class QASystem:
             for r, p in enumerate(passages):
                 d = decoded[f"{i}:{r}"]
                 span = d["nbest"][0] if d["nbest"] else {"start": None, "end": None}
-                row.append({"passage_id": p["passage_id"], "text": d["text"], "start": span["start"],
+                row.append({"passage_id": p["passage_id"], "retrieval_score": p.get("score"), "text": d["text"],
+                            "start": span["start"],
                             "end": span["end"], "score": d["score"], "null_score": d["null_score"],
                             "null_minus_best": d["null_minus_best"], "nbest": d["nbest"][:NBEST_KEPT],
                             **{k: d[k] for k in ("null_start", "null_end", "lse_start", "lse_end")}})
@@ -129,7 +135,8 @@ class QASystem:
             check_k(each)
         threshold = self.recorded_threshold if threshold == "recorded" else threshold
         retrieved = [hits[:each] for hits, each in zip(self.retrieve(questions, max(ks, default=1)), ks)]
-        out = [answer_of(combine(readings, self.shared), threshold, passages, readings)
+        out = [answer_of(combine(readings, self.shared, retriever_weight=self.retriever_weight), threshold, passages,
+                         readings)
                for passages, readings in zip(retrieved, self.read(questions, retrieved))]
         return out[0] if one else out
 
