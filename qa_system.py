@@ -9,8 +9,9 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       with labelled questions it reports, for k = 1, 3, 5, 10 passages read, end-to-end EM/F1 (total, HasAns,
       NoAns), the retriever's recall@k of an answer-bearing passage, the reader's F1 on the gold paragraphs (the
       ceiling) and questions/s. The no-answer threshold and the weight of the retriever's score in the answer are
-      tuned on --validation_file for each k (here the same file: an upper bound, and said so): give the row's two
-      to serve.py as --no_answer_threshold and --retriever_weight. docs/RESULTS.md has the numbers.
+      tuned, and the probability of no answer calibrated, on --validation_file for each k (here the same file: an
+      upper bound, and said so): give the row's three to serve.py as --no_answer_threshold, --retriever_weight and
+      --no_answer_calibration. docs/RESULTS.md has the numbers.
 
   python qa_system.py --retriever bm25 --reader outputs/reader-squad --passages corpus.jsonl \
       --questions questions.jsonl --no_answer_threshold -3.2 --output_dir outputs/qa-bm25
@@ -48,8 +49,8 @@ from utils.retriever.data import load_passages
 from utils.retriever.index import Index
 from utils.system.answer import combine
 from utils.system.inputs import SystemArgs, build_system
-from utils.system.measure import (RETRIEVER_WEIGHTS, combined_at, labelled, questions_per_second, reading_share,
-                                  recall, scores, tune)
+from utils.system.measure import (RETRIEVER_WEIGHTS, combined_at, fit_calibration, labelled, questions_per_second,
+                                  reading_share, recall, scores, tune)
 from utils.system.pipeline import QASystem, answer_of
 
 logger = logging.getLogger("qa-amp")
@@ -177,23 +178,27 @@ def main(argv=None):
                   f"tuned on {args.validation_file}" if validation is not None else "the reader's recorded threshold")
 
         def tuned(tuning_readings, kk, fuse=True):
-            """(retriever weight, threshold) at kk: given, tuned on the validation questions, or the reader's
-            threshold with no fusion; gold paragraphs, one passage without a retrieval score, are read unfused."""
+            """(retriever weight, threshold, calibration) at kk: given, tuned and fitted on the validation questions,
+            or the reader's threshold with no fusion; gold paragraphs, one passage without a retrieval score, are
+            read unfused."""
             weight = (args.retriever_weight or 0.0) if fuse else 0.0
             if args.no_answer_threshold is not None:
-                return weight, args.no_answer_threshold
+                return weight, args.no_answer_threshold, args.no_answer_calibration
             if tuning_readings is None:
-                return weight, system.recorded_threshold
+                return weight, system.recorded_threshold, args.no_answer_calibration
             weights = RETRIEVER_WEIGHTS if fuse and args.retriever_weight is None else [weight]
-            return tune(validation, lambda w: combined_at(tuning_readings, kk, system.shared, w), weights)
+            weight, threshold = tune(validation, lambda w: combined_at(tuning_readings, kk, system.shared, w), weights)
+            calibration = args.no_answer_calibration or fit_calibration(
+                validation, combined_at(tuning_readings, kk, system.shared, weight))
+            return weight, threshold, calibration
 
         settings = {kk: tuned(v_readings, kk) for kk in bands}
 
         # --- measure, write ----------------------------------------------------------------------------
         rows = []
         for kk in bands:
-            weight, threshold = settings[kk]
-            row = {"k": kk, "threshold": threshold, "retriever_weight": weight,
+            weight, threshold, calibration = settings[kk]
+            row = {"k": kk, "threshold": threshold, "retriever_weight": weight, "no_answer_calibration": calibration,
                    "questions_per_second": questions_per_second(times, kk, len(questions)),
                    "reading_share": reading_share(times, kk)}
             if is_labelled:
@@ -238,15 +243,15 @@ def write_outputs(accelerator, directory, questions, retrieved, readings, top_k,
     """predictions.json ({id: answer text}, the official SQuAD v2 evaluation's input) and details.jsonl: per
     question its answer at top_k, the passage it was taken from and its score (null on an abstention), its
     offsets in that passage, and every passage read (retrieval score, best span, span and null scores; null for a
-    passage without a span). `setting`: (retriever weight, threshold) at top_k."""
+    passage without a span). `setting`: (retriever weight, threshold, calibration) at top_k."""
     if not accelerator.is_main_process:
         return
-    weight, threshold = setting
+    weight, threshold, calibration = setting
     predictions = {}
     with open(os.path.join(directory, "details.jsonl"), "w", encoding="utf-8") as f:
         for q, passages, reads in zip(questions, retrieved, readings):
-            a = answer_of(combine(reads[:top_k], shared, retriever_weight=weight), threshold, passages[:top_k],
-                          reads[:top_k])
+            a = answer_of(combine(reads[:top_k], shared, retriever_weight=weight, calibration=calibration), threshold,
+                          passages[:top_k], reads[:top_k])
             predictions[q["id"]] = a["answer"]
             f.write(json_line({"id": q["id"], "question": q["question"], "answer": a["answer"],
                                "passage_id": a["passage_id"], "score": a["score"], "start": a["start"],

@@ -13,7 +13,11 @@ and whether the no-answer decision transfers to a set with another share of unan
 tuned on one half as it is, the other half scored reweighted to half unanswerable (F1 = the mean of its HasAns and
 NoAns F1; abstaining on every question scores 50 there), both ways round. With --abstain_on probability (a reader
 trained with shared normalization) the threshold is on the question's probability of no answer instead of the log
-ratio of the no-answer to the best span. With --retriever_weight tune the weight of the retriever's score in the
+ratio of the no-answer to the best span. Then, per k, the calibrated probability of no answer (utils.system.answer:
+the log ratio through a sigmoid fitted on one half, as qa_system.py fits it on --validation_file) on the other half:
+its expected calibration error and Brier score; and the shift again with the share known, as a calibrated
+probability allows: the probability at the threshold tuned on one half kept as the cut, the other half's odds moved
+by the ratio of its share's odds to the tuning half's. With --retriever_weight tune the weight of the retriever's score in the
 answer (utils.system.answer) is tuned with the threshold wherever a threshold is, as qa_system.py does; a number
 fixes it.
 """
@@ -27,8 +31,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from utils.squad.files import load_questions  # noqa: E402
-from utils.system.answer import combine  # noqa: E402
-from utils.system.measure import RETRIEVER_WEIGHTS, combined_at, scores, tune  # noqa: E402
+from utils.system.answer import CLIP, calibrated, combine  # noqa: E402
+from utils.system.measure import RETRIEVER_WEIGHTS, fit_calibration, scores, tune  # noqa: E402
 
 
 def paragraph_of(path: str) -> dict:
@@ -85,7 +89,7 @@ def main():
           "F1 at 50% unanswerable, threshold tuned on the other half (A->B, B->A, mean; abstaining: 50) | "
           "retriever weight (on the file; the halves) |")
     print("|---|---|---|---|---|---|---|---|")
-    calibration = []
+    calibration, calibrated_lines = [], []
     for k in args.k:
         def combined(qs, weight):
             views = [combine(readings[q["id"]][:k], shared, args.aggregate, weight) for q in qs]
@@ -109,15 +113,43 @@ def main():
             other = scores(halves[h], combined(halves[h], w), threshold)
             shifted.append((other.get("HasAns_f1", float("nan")) + other.get("NoAns_f1", float("nan"))) / 2)
         crossed = _scores_at_own_thresholds(answered, views)
+        if args.abstain_on == "ratio":
+            calibrated_lines.append((k, *_calibrated_across(halves, combined, tuned)))
         print(f"| {k} | {upper['f1']:.2f} | {crossed['f1']:.2f} | {crossed['exact']:.2f} | "
               f"{crossed.get('HasAns_f1', float('nan')):.2f} | {crossed.get('NoAns_f1', float('nan')):.2f} | "
               f"{shifted[1]:.2f}, {shifted[0]:.2f}, {sum(shifted) / 2:.2f} | "
               f"{weight:g}; {half_weights[1]:g}, {half_weights[0]:g} |")
         if args.abstain_on == "probability":
             calibration.append((k, *_calibration(questions, combined(questions, weight))))
+    for k, ece, brier, mean_p, share, moved in calibrated_lines:
+        print(f"k={k}: calibrated P(no answer), fitted on the other half: expected calibration error {ece:.3f}, Brier "
+              f"{brier:.3f} (mean P {mean_p:.3f}, share {share:.3f}); at 50% unanswerable with the cut moved by the "
+              f"known share: {moved[1]:.2f}, {moved[0]:.2f}, mean {sum(moved) / 2:.2f}")
     for k, ece, brier, mean_p, share in calibration:
         print(f"k={k}: P(no answer) against the question being unanswerable: expected calibration error {ece:.3f} "
               f"(10 bins), Brier {brier:.3f}; mean P {mean_p:.3f} for a share of {share:.3f} unanswerable")
+
+
+def _calibrated_across(halves, combined, tuned):
+    """The calibration fitted on each half and applied to the other: (ECE, Brier, mean P, share unanswerable) over
+    both halves' questions, and per half the F1 reweighted to 50% unanswerable when its share is known: abstain
+    where the calibrated probability, its odds moved from the tuning half's share to 1:1, passes the probability
+    that the tuning half's threshold stood for."""
+    questions, probabilities, moved = [], [], []
+    for h in (0, 1):
+        tuning, scored = halves[1 - h], halves[h]
+        weight, threshold = tuned(tuning)
+        calibration = fit_calibration(tuning, combined(tuning, weight))
+        views = combined(scored, weight)
+        questions += scored
+        probabilities += [calibrated(c["null_minus_best"], calibration) for c in views]
+        share = sum(not q["answers"]["text"] for q in tuning) / len(tuning)
+        shift = -math.log(share / (1 - share))  # to odds 1:1
+        logit = lambda x: calibration[0] * min(max(x, -CLIP), CLIP) + calibration[1]  # noqa: E731
+        decided = [dict(c, null_minus_best=logit(c["null_minus_best"]) + shift) for c in views]
+        other = scores(scored, decided, logit(threshold))
+        moved.append((other.get("HasAns_f1", float("nan")) + other.get("NoAns_f1", float("nan"))) / 2)
+    return (*_calibration(questions, [{"null_minus_best": p} for p in probabilities]), moved)
 
 
 def _calibration(questions, views) -> tuple[float, float, float, float]:

@@ -131,6 +131,25 @@ def test_the_weight_is_tuned_with_the_threshold_and_the_smaller_of_equals_wins()
     assert tune(questions, combined_with, weights=(0.0,))[0] == 0.0
 
 
+def test_the_calibration_recovers_a_known_probability_and_gives_it_for_either_rule():
+    import numpy as np
+
+    from utils.system.answer import calibrated
+    from utils.system.measure import fit_calibration
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 3, size=20000)
+    unanswerable = rng.random(x.size) < 1 / (1 + np.exp(-(1.5 * x - 1.0)))  # P(no answer) = sigmoid(1.5 x - 1)
+    questions = [{"answers": {"text": [] if u else ["a"]}} for u in unanswerable]
+    a, b = fit_calibration(questions, [{"null_minus_best": v} for v in x])
+    assert a == pytest.approx(1.5, abs=0.08) and b == pytest.approx(-1.0, abs=0.08)
+    assert calibrated(0.0, (1.5, -1.0)) == pytest.approx(1 / (1 + math.exp(1.0)))
+    assert calibrated(math.inf, (1.5, -1.0)) == pytest.approx(1.0) and calibrated(-math.inf, (1.5, -1.0)) < 1e-30
+    spans = [{"passage_id": "a", "text": "x", "score": 2.0, "null_minus_best": 1.0}]
+    assert combine(spans)["no_answer_probability"] is None  # no probability without a calibration, this rule
+    assert combine(spans, calibration=(1.5, -1.0))["no_answer_probability"] == pytest.approx(calibrated(1.0, (1.5, -1.0)))
+
+
 def test_a_retriever_that_ranks_the_gold_first_gives_the_readers_gold_paragraph_scores(models, tmp_path):
     """On the questions whose own paragraph BM25 ranks first, the system reading one passage reads exactly the gold
     paragraph: under the same rule and threshold its EM/F1 are the reader's gold-paragraph EM/F1."""
@@ -168,7 +187,7 @@ def test_the_threshold_tuned_on_the_file_it_scores_is_called_an_upper_bound(mode
     assert all(r["retriever_weight"] in RETRIEVER_WEIGHTS for r in results["rows"])
 
 
-def test_the_api_at_a_runs_weight_and_threshold_answers_as_the_run(models, tmp_path):
+def test_the_api_at_a_runs_settings_answers_as_the_run(models, tmp_path):
     """What a user copies from a run's row (serve.py --retriever_weight --no_answer_threshold) answers as it did."""
     out = str(tmp_path / "qa")
     qa(models, out, "--validation_file", f"{SAMPLE}/dev.json", "--retriever_weight", 4, "--top_k", 3)
@@ -176,9 +195,14 @@ def test_the_api_at_a_runs_weight_and_threshold_answers_as_the_run(models, tmp_p
     assert row["retriever_weight"] == 4.0
     predictions = json.load(open(f"{out}/predictions.json"))
     questions = [q for a in json.load(open(f"{SAMPLE}/dev.json"))["data"] for p in a["paragraphs"] for q in p["qas"]]
-    system = QASystem(models[1], models[0], passages=f"{SAMPLE}/dpr_passages.jsonl", device="cpu", retriever_weight=4.0)
+    assert len(row["no_answer_calibration"]) == 2  # fitted with the threshold
+    system = QASystem(models[1], models[0], passages=f"{SAMPLE}/dpr_passages.jsonl", device="cpu", retriever_weight=4.0,
+                      calibration=row["no_answer_calibration"])
     asked = system.ask([q["question"] for q in questions], k=3, threshold=row["threshold"])
     assert {q["id"]: a["answer"] for q, a in zip(questions, asked)} == predictions
+    details = {d["id"]: d for d in map(json.loads, open(f"{out}/details.jsonl"))}
+    assert all(a["no_answer_probability"] == pytest.approx(details[q["id"]]["no_answer_probability"])
+               for q, a in zip(questions, asked))
     unfused = QASystem(models[1], models[0], passages=f"{SAMPLE}/dpr_passages.jsonl", device="cpu")
     assert [a["answer"] for a in unfused.ask([q["question"] for q in questions], k=3, threshold=None)] != \
         [a["answer"] for a in system.ask([q["question"] for q in questions], k=3, threshold=None)]  # it weighs

@@ -27,6 +27,12 @@ answers. Shifting every passage by the same amount changes nothing, so one passa
 as without, and only the scale of w matters: it is the retriever's (BM25's scores spread wider than a hybrid's),
 so it is tuned with the threshold on labelled questions (utils.system.measure.tune).
 
+Either rule's log ratio becomes a probability that the question has no answer by a calibration fitted on labelled
+questions (`calibrated`: Platt scaling, sigmoid(a x + b), fitted per k by qa_system.py). A calibrated probability
+means what it says on questions like those it was fitted on: of the questions given 0.3, about 3 in 10 have no
+answer; where the share of unanswerable questions differs, its odds move by the ratio of the two shares' odds, so a
+user who knows the share can set the threshold for it.
+
 Either way the threshold is tuned like the reader's (utils.reader.metrics.best_null_threshold) on labelled
 questions, and None (a SQuAD v1.1 reader) always answers.
 """
@@ -57,11 +63,20 @@ def with_prior(reading: dict, prior: float) -> dict:
     return out
 
 
-def combine(passages: list[dict], shared: bool = False, aggregate: bool = False, retriever_weight: float = 0.0) -> dict:
+def combine(passages: list[dict], shared: bool = False, aggregate: bool = False, retriever_weight: float = 0.0,
+            calibration: tuple[float, float] | None = None) -> dict:
     """The system's view of one question from its passages' readings (each {"passage_id", "text", "score",
     "null_score", "null_minus_best"}, for `shared` "null_start", "null_end", "lse_start", "lse_end", and for
     `retriever_weight` "retrieval_score"; in retrieval order): the best span over the passages (the earlier passage
-    on equal scores) and what the threshold compares (see the module docstring)."""
+    on equal scores), what the threshold compares and the probability of no answer: calibrated with `calibration`
+    (either rule), else the shared rule's share of the softmaxes (see the module docstring)."""
+    out = _combined(passages, shared, aggregate, retriever_weight)
+    if calibration is not None:
+        out["no_answer_probability"] = calibrated(out["null_minus_best"], calibration)
+    return out
+
+
+def _combined(passages, shared, aggregate, retriever_weight) -> dict:
     if retriever_weight:
         passages = [with_prior(p, retriever_weight * p["retrieval_score"]) for p in passages]
     best = max(passages, key=lambda p: p["score"], default=None)
@@ -90,6 +105,17 @@ def combine(passages: list[dict], shared: bool = False, aggregate: bool = False,
         out = {"text": span["text"], "passage_id": span["passage_id"], "score": best_score, "start": span.get("start"),
                "end": span.get("end")}
     return {**out, "null_minus_best": null_start + null_end - best_score, "no_answer_probability": probability}
+
+
+def calibrated(null_minus_best: float, calibration: tuple[float, float]) -> float:
+    """The probability that the question has no answer, from its log ratio (`null_minus_best`) through a calibration
+    (a, b) fitted on labelled questions (utils.system.measure.fit_calibration): sigmoid(a x + b)."""
+    a, b = calibration
+    z = a * min(max(null_minus_best, -CLIP), CLIP) + b
+    return 1 / (1 + math.exp(-z)) if z >= 0 else math.exp(z) / (1 + math.exp(z))
+
+
+CLIP = 50.0  # |log ratio| beyond this says nothing more (and no span anywhere is +inf)
 
 
 def answer(combined: dict, threshold: float | None) -> str:

@@ -2,7 +2,7 @@
 retriever, the reader, the corpus (passages, or an index of them), and how they run."""
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from utils.loop.args import arg, check_at_least_one, check_input_files
@@ -30,6 +30,11 @@ class SystemArgs:
         None, "How much the retriever's score of a passage weighs on the answers read in it (0: the reader's scores "
               "alone; utils/system/answer.py). Its scale is the retriever's, so tune it with the threshold: "
               "qa_system.py --validation_file does (and reports both per k). Default: tuned there, else 0.")
+    no_answer_calibration: Optional[list[float]] = field(default=None, metadata={
+        "help": "A B: the calibration of the probability of no answer, sigmoid(A x + B) of the log ratio x the "
+                "threshold compares, fitted by qa_system.py --validation_file (its row for your k). Without it, "
+                "no_answer_probability is the shared rule's uncalibrated one (none for a reader trained a paragraph at "
+                "a time).", "nargs": 2})
     mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = arg(
         None, "Autocast precision of the encoders and the reader. Default: each model's own, the precision it was "
               "trained at (as trained).")
@@ -74,7 +79,7 @@ def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None
                     sort_by_length=True)
     if args.retriever == "bm25":
         return QASystem("bm25", reader, passages=passages, progress=progress, rule=args.reader_rule,
-                        retriever_weight=args.retriever_weight or 0.0)
+                        retriever_weight=args.retriever_weight or 0.0, calibration=args.no_answer_calibration)
     retriever = Retriever(args.retriever, device=device, batch_size=args.batch_size, precision=args.mixed_precision)
     if index is None:
         hybrid = retriever.settings.hybrid_dense_weight is not None if args.hybrid is None else args.hybrid
@@ -86,4 +91,4 @@ def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None
             build_index(accelerator, retriever, args.passages, index_dir, bm25=hybrid)
             index = Index.load(index_dir, share=(accelerator.process_index, accelerator.num_processes))
     return QASystem(retriever, reader, index=index, hybrid=args.hybrid, progress=progress, rule=args.reader_rule,
-                    retriever_weight=args.retriever_weight or 0.0)
+                    retriever_weight=args.retriever_weight or 0.0, calibration=args.no_answer_calibration)

@@ -5,9 +5,11 @@ questions."""
 
 import math
 
+import numpy as np
+
 from utils.reader.metrics import best_null_threshold, squad_metrics
 from utils.squad.answers import answer_patterns, holds_answer, normalized
-from utils.system.answer import answer, combine
+from utils.system.answer import CLIP, answer, combine
 
 
 def labelled(questions: list[dict]) -> bool:
@@ -51,6 +53,25 @@ def tune(questions: list[dict], combined_with, weights=RETRIEVER_WEIGHTS) -> tup
         if best is None or f1 > best[0]:
             best = (f1, weight, threshold)
     return best[1], best[2]
+
+
+def fit_calibration(questions: list[dict], combined: list[dict], l2: float = 1e-4) -> tuple[float, float]:
+    """(a, b) of P(no answer) = sigmoid(a x + b), x each question's log ratio (null_minus_best), fitted by maximum
+    likelihood on these labelled questions (Platt scaling; Newton's method, a touch of L2 so separable labels stay
+    finite): utils.system.answer.calibrated."""
+    x = np.clip(np.asarray([c["null_minus_best"] for c in combined], dtype=np.float64), -CLIP, CLIP)
+    y = np.asarray([not q["answers"]["text"] for q in questions], dtype=np.float64)
+    features = np.stack([x, np.ones_like(x)], axis=1)
+    w = np.zeros(2)
+    for _ in range(100):
+        p = 1 / (1 + np.exp(-np.clip(features @ w, -500, 500)))
+        gradient = features.T @ (p - y) + l2 * w
+        hessian = (features * (p * (1 - p))[:, None]).T @ features + l2 * np.eye(2)
+        step = np.linalg.solve(hessian, gradient)
+        w -= step
+        if np.abs(step).max() < 1e-10:
+            break
+    return float(w[0]), float(w[1])
 
 
 def _finite(x: float) -> float:

@@ -27,7 +27,8 @@ NBEST_KEPT = 5  # spans of each passage kept for answering by answer string (uti
 class QASystem:
     def __init__(self, retriever, reader, passages=None, index=None, hybrid: bool | None = None,
                  device: str | None = None, precision: str | None = None, batch_size: int = 64,
-                 progress: bool = False, rule: str | None = None, retriever_weight: float = 0.0):
+                 progress: bool = False, rule: str | None = None, retriever_weight: float = 0.0,
+                 calibration: tuple[float, float] | None = None):
         """`retriever`: a directory written by train_dpr.py (or its loaded `Retriever`), or "bm25". `reader`: a
         directory written by train_reader.py (or its loaded `Reader`). `passages`: the corpus (a JSON-lines file or a
         list of {"title", "text", "passage_id"}, checked by utils.retriever.data.load_passages), or `index`: an Index
@@ -36,7 +37,8 @@ class QASystem:
         model's own, as trained. `progress`: progress bars while indexing and reading. `rule`: how answers are
         chosen across passages, "window" or "question" (utils.system.answer); default: the one the reader was trained
         for (reader_settings.json). `retriever_weight`: how much the retriever's score of a passage weighs on what is
-        read in it (utils.system.answer; tuned with the threshold by qa_system.py; 0: the reader's scores alone)."""
+        read in it (utils.system.answer; tuned with the threshold by qa_system.py; 0: the reader's scores alone).
+        `calibration`: (a, b) fitted by qa_system.py, which makes each answer's no_answer_probability calibrated."""
         if (passages is None) == (index is None):
             raise UserError("give the corpus as passages, or as an index of it (one of them)")
         self.progress = progress
@@ -45,7 +47,7 @@ class QASystem:
         self.rule = rule
         if not retriever_weight >= 0:
             raise UserError(f"retriever_weight {retriever_weight}: give 0 or more")
-        self.retriever_weight = retriever_weight
+        self.retriever_weight, self.calibration = retriever_weight, calibration
         self.reader = reader if isinstance(reader, Reader) else Reader(
             reader, device=device, batch_size=batch_size, precision=precision, sort_by_length=True)
         if isinstance(retriever, str) and retriever == "bm25":
@@ -135,8 +137,8 @@ class QASystem:
             check_k(each)
         threshold = self.recorded_threshold if threshold == "recorded" else threshold
         retrieved = [hits[:each] for hits, each in zip(self.retrieve(questions, max(ks, default=1)), ks)]
-        out = [answer_of(combine(readings, self.shared, retriever_weight=self.retriever_weight), threshold, passages,
-                         readings)
+        out = [answer_of(combine(readings, self.shared, retriever_weight=self.retriever_weight,
+                                 calibration=self.calibration), threshold, passages, readings)
                for passages, readings in zip(retrieved, self.read(questions, retrieved))]
         return out[0] if one else out
 
