@@ -39,6 +39,7 @@ questions, and None (a SQuAD v1.1 reader) always answers.
 
 import math
 
+CLIP = 50.0  # a log ratio beyond +-CLIP says nothing more to the calibration (and no span anywhere is +inf)
 NO_SPAN = {"text": "", "score": -math.inf, "null_score": math.inf, "null_minus_best": math.inf}
 
 
@@ -113,9 +114,6 @@ def calibrated(null_minus_best: float, calibration: tuple[float, float]) -> floa
     a, b = calibration
     z = a * min(max(null_minus_best, -CLIP), CLIP) + b
     return 1 / (1 + math.exp(-z)) if z >= 0 else math.exp(z) / (1 + math.exp(z))
-
-
-CLIP = 50.0  # |log ratio| beyond this says nothing more (and no span anywhere is +inf)
 
 
 def answer(combined: dict, threshold: float | None) -> str:

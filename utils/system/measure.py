@@ -48,7 +48,7 @@ def tune(questions: list[dict], combined_with, weights=RETRIEVER_WEIGHTS) -> tup
     own best threshold, on equal F1 the smaller weight. `combined_with(weight)`: the questions' combined views with
     that weight (combined_at)."""
     best = None
-    for weight in weights:
+    for weight in sorted(weights):
         f1, threshold = _best_threshold(questions, combined_with(weight))
         if best is None or f1 > best[0]:
             best = (f1, weight, threshold)
