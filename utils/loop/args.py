@@ -107,8 +107,8 @@ class TrainArgs:
     attention_dropout: Optional[float] = arg(
         None, "Dropout on the attention probabilities while training (default: the model config's, 0.1 for BERT). "
         "A CPU draws a random number for every attention score of every layer, which costs more than the attention "
-        "itself (a GPU draws them inside its fused kernel): 0 trains much faster there, with a little less "
-        "regularization (docs/RESULTS.md, Speed). Recorded in the saved config.json.")
+        "itself (a GPU draws them inside its fused kernel): 0 makes CPU steps faster, the more so the longer the "
+        "inputs, with a little less regularization (docs/RESULTS.md, Speed). Recorded in the saved config.json.")
     max_grad_norm: float = arg(1.0, "Clip the global gradient norm to this (0 disables clipping).")
     max_train_steps: Optional[int] = arg(None, "Total optimizer updates; overrides --num_train_epochs.")
     max_train_samples: Optional[int] = arg(None, "Train on the first N examples only (quick runs).")
