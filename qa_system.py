@@ -188,9 +188,10 @@ def main(argv=None):
                 return weight, system.recorded_threshold, args.no_answer_calibration
             weights = RETRIEVER_WEIGHTS if fuse and args.retriever_weight is None else [weight]
             weight, threshold = tune(validation, lambda w: combined_at(tuning_readings, kk, system.shared, w), weights)
-            calibration = args.no_answer_calibration or fit_calibration(
-                validation, combined_at(tuning_readings, kk, system.shared, weight))
-            return weight, threshold, calibration
+            if not fuse or args.no_answer_calibration:  # the gold paragraphs' ceiling needs no calibration
+                return weight, threshold, args.no_answer_calibration
+            fitted = fit_calibration(validation, combined_at(tuning_readings, kk, system.shared, weight))
+            return weight, threshold, fitted
 
         settings = {kk: tuned(v_readings, kk) for kk in bands}
 

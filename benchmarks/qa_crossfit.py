@@ -17,9 +17,9 @@ ratio of the no-answer to the best span. Then, per k, the calibrated probability
 the log ratio through a sigmoid fitted on one half, as qa_system.py fits it on --validation_file) on the other half:
 its expected calibration error and Brier score; and the shift again with the share known, as a calibrated
 probability allows: the probability at the threshold tuned on one half kept as the cut, the other half's odds moved
-by the ratio of its share's odds to the tuning half's. With --retriever_weight tune the weight of the retriever's score in the
-answer (utils.system.answer) is tuned with the threshold wherever a threshold is, as qa_system.py does; a number
-fixes it.
+by the ratio of its share's odds to the tuning half's. With --retriever_weight tune the weight of the retriever's
+score in the answer (utils.system.answer) is tuned with the threshold wherever a threshold is, as qa_system.py
+does; a number fixes it.
 """
 
 import argparse
@@ -31,7 +31,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from utils.squad.files import load_questions  # noqa: E402
-from utils.system.answer import CLIP, calibrated, combine  # noqa: E402
+from utils.system.answer import calibrated, calibration_logit, combine  # noqa: E402
 from utils.system.measure import RETRIEVER_WEIGHTS, fit_calibration, scores, tune  # noqa: E402
 
 
@@ -103,10 +103,10 @@ def main():
         weight, threshold = tuned(questions)
         upper = scores(questions, combined(questions, weight), threshold)
         # each half answered at the settings tuned on the other half; both scored together
-        answered, views, shifted, half_weights = [], [], [], []
+        answered, views, shifted, half_settings = [], [], [], []
         for h in (0, 1):
             w, threshold = tuned(halves[1 - h])
-            half_weights.append(w)
+            half_settings.append((w, threshold))
             answered += halves[h]
             views += [dict(c, threshold=threshold) for c in combined(halves[h], w)]
             # tuned on one half as it is, scored on the other reweighted to half unanswerable
@@ -114,11 +114,11 @@ def main():
             shifted.append((other.get("HasAns_f1", float("nan")) + other.get("NoAns_f1", float("nan"))) / 2)
         crossed = _scores_at_own_thresholds(answered, views)
         if args.abstain_on == "ratio":
-            calibrated_lines.append((k, *_calibrated_across(halves, combined, tuned)))
+            calibrated_lines.append((k, *_calibrated_across(halves, combined, half_settings)))
         print(f"| {k} | {upper['f1']:.2f} | {crossed['f1']:.2f} | {crossed['exact']:.2f} | "
               f"{crossed.get('HasAns_f1', float('nan')):.2f} | {crossed.get('NoAns_f1', float('nan')):.2f} | "
               f"{shifted[1]:.2f}, {shifted[0]:.2f}, {sum(shifted) / 2:.2f} | "
-              f"{weight:g}; {half_weights[1]:g}, {half_weights[0]:g} |")
+              f"{weight:g}; {half_settings[1][0]:g}, {half_settings[0][0]:g} |")
         if args.abstain_on == "probability":
             calibration.append((k, *_calibration(questions, combined(questions, weight))))
     for k, ece, brier, mean_p, share, moved in calibrated_lines:
@@ -130,24 +130,24 @@ def main():
               f"(10 bins), Brier {brier:.3f}; mean P {mean_p:.3f} for a share of {share:.3f} unanswerable")
 
 
-def _calibrated_across(halves, combined, tuned):
+def _calibrated_across(halves, combined, settings):
     """The calibration fitted on each half and applied to the other: (ECE, Brier, mean P, share unanswerable) over
     both halves' questions, and per half the F1 reweighted to 50% unanswerable when its share is known: abstain
     where the calibrated probability, its odds moved from the tuning half's share to 1:1, passes the probability
-    that the tuning half's threshold stood for."""
+    that the tuning half's threshold stood for. `settings[h]`: (weight, threshold) tuned on the other half."""
     questions, probabilities, moved = [], [], []
     for h in (0, 1):
         tuning, scored = halves[1 - h], halves[h]
-        weight, threshold = tuned(tuning)
+        weight, threshold = settings[h]
         calibration = fit_calibration(tuning, combined(tuning, weight))
         views = combined(scored, weight)
         questions += scored
         probabilities += [calibrated(c["null_minus_best"], calibration) for c in views]
         share = sum(not q["answers"]["text"] for q in tuning) / len(tuning)
         shift = -math.log(share / (1 - share))  # to odds 1:1
-        logit = lambda x: calibration[0] * min(max(x, -CLIP), CLIP) + calibration[1]  # noqa: E731
-        decided = [dict(c, null_minus_best=logit(c["null_minus_best"]) + shift) for c in views]
-        other = scores(scored, decided, logit(threshold))
+        decided = [dict(c, null_minus_best=calibration_logit(c["null_minus_best"], calibration) + shift)
+                   for c in views]
+        other = scores(scored, decided, calibration_logit(threshold, calibration))
         moved.append((other.get("HasAns_f1", float("nan")) + other.get("NoAns_f1", float("nan"))) / 2)
     return (*_calibration(questions, [{"null_minus_best": p} for p in probabilities]), moved)
 

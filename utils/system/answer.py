@@ -111,9 +111,14 @@ def _combined(passages, shared, aggregate, retriever_weight) -> dict:
 def calibrated(null_minus_best: float, calibration: tuple[float, float]) -> float:
     """The probability that the question has no answer, from its log ratio (`null_minus_best`) through a calibration
     (a, b) fitted on labelled questions (utils.system.measure.fit_calibration): sigmoid(a x + b)."""
-    a, b = calibration
-    z = a * min(max(null_minus_best, -CLIP), CLIP) + b
+    z = calibration_logit(null_minus_best, calibration)
     return 1 / (1 + math.exp(-z)) if z >= 0 else math.exp(z) / (1 + math.exp(z))
+
+
+def calibration_logit(null_minus_best: float, calibration: tuple[float, float]) -> float:
+    """a x + b: the log odds of no answer that `calibrated` turns into a probability (x clipped to +-CLIP)."""
+    a, b = calibration
+    return a * min(max(null_minus_best, -CLIP), CLIP) + b
 
 
 def answer(combined: dict, threshold: float | None) -> str:

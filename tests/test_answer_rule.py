@@ -1,0 +1,78 @@
+"""The QA system's answer rule over readings, without models: spans compared across passages, the retriever's score
+as a prior over them, the weight tuned with the threshold, and the calibrated probability of no answer."""
+
+import math
+
+import pytest
+
+from utils.system.answer import answer, combine
+
+
+def test_one_rule_for_one_passage_or_many():
+    spans = [{"passage_id": "a", "text": "x", "score": 2.0, "null_minus_best": 1.0},
+             {"passage_id": "b", "text": "y", "score": 3.0, "null_minus_best": 0.2}]
+    c = combine(spans)
+    assert (c["text"], c["passage_id"], c["null_minus_best"]) == ("y", "b", 0.2)
+    assert answer(c, 0.1) == "" and answer(c, 0.3) == "y" and answer(c, None) == "y"
+    assert answer(combine([{"passage_id": "a", "text": "", "score": -math.inf, "null_minus_best": math.inf}]), 5) == ""
+
+
+def lse(values):
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def test_the_retrievers_score_is_a_prior_over_the_passages_read():
+    a = {"passage_id": "a", "retrieval_score": 1.0, "text": "x", "score": 3.0, "null_score": 1.0,
+         "null_minus_best": -2.0, "null_start": 0.0, "null_end": 1.0, "lse_start": 2.0, "lse_end": 2.5,
+         "nbest": [{"text": "x", "score": 3.0}]}
+    b = {**a, "passage_id": "b", "retrieval_score": 0.0, "text": "y", "score": 4.0, "null_score": -1.0,
+         "null_minus_best": -5.0, "null_start": -1.0, "null_end": 0.0, "lse_start": 1.0, "lse_end": 1.5,
+         "nbest": [{"text": "y", "score": 4.0}]}
+    for shared in (False, True):  # one passage: raising all its logits together changes no decision
+        plain, fused = combine([a], shared), combine([a], shared, retriever_weight=8.0)
+        assert [fused[k] for k in ("text", "no_answer_probability")] == [plain[k] for k in ("text", "no_answer_probability")]
+        assert fused["null_minus_best"] == pytest.approx(plain["null_minus_best"])
+        assert combine([a, b], shared)["text"] == "y"  # the reader alone: b's span reads better
+    # w = 4: every logit of a rises by 4 x 1.0 / 2, b's by 0: a's span (3 + 4) now beats b's (4)
+    c = combine([a, b], shared=True, retriever_weight=4.0)
+    assert (c["text"], c["passage_id"], c["score"]) == ("x", "a", 7.0)
+    assert c["null_minus_best"] == pytest.approx(lse([0.0 + 2, -1.0]) + lse([1.0 + 2, 0.0]) - 7.0)
+    want = (math.exp(lse([0.0 + 2, -1.0]) - lse([2.0 + 2, 1.0])) + math.exp(lse([1.0 + 2, 0.0]) - lse([2.5 + 2, 1.5]))) / 2
+    assert c["no_answer_probability"] == pytest.approx(want)
+    assert combine([a, b], shared=True, retriever_weight=4.0, aggregate=True)["text"] == "x"
+    w = combine([a, b], retriever_weight=4.0)  # a reader trained a paragraph at a time: the span chosen moves,
+    assert (w["text"], w["null_minus_best"]) == ("x", -5.0)  # each passage's null - span does not
+
+
+def test_the_weight_is_tuned_with_the_threshold_and_the_smaller_of_equals_wins():
+    from utils.system.measure import tune
+
+    questions = [{"id": "1", "answers": {"text": ["x"]}}, {"id": "2", "answers": {"text": []}}]
+
+    def combined_with(weight):  # from weight 1 on, question 1 is answered right; question 2 is better abstained on
+        return [{"text": "x" if weight >= 1 else "z", "null_minus_best": -3.0},
+                {"text": "q", "null_minus_best": 2.0 if weight < 2 else -4.0}]
+
+    weight, threshold = tune(questions, combined_with, weights=(0.0, 0.5, 1.0, 2.0, 4.0))
+    assert weight == 1.0 and -3.0 <= threshold < 2.0
+    assert tune(questions, combined_with, weights=(0.0,))[0] == 0.0
+
+
+def test_the_calibration_recovers_a_known_probability_and_gives_it_for_either_rule():
+    import numpy as np
+
+    from utils.system.answer import calibrated
+    from utils.system.measure import fit_calibration
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 3, size=20000)
+    unanswerable = rng.random(x.size) < 1 / (1 + np.exp(-(1.5 * x - 1.0)))  # P(no answer) = sigmoid(1.5 x - 1)
+    questions = [{"answers": {"text": [] if u else ["a"]}} for u in unanswerable]
+    a, b = fit_calibration(questions, [{"null_minus_best": v} for v in x])
+    assert a == pytest.approx(1.5, abs=0.08) and b == pytest.approx(-1.0, abs=0.08)
+    assert calibrated(0.0, (1.5, -1.0)) == pytest.approx(1 / (1 + math.exp(1.0)))
+    assert calibrated(math.inf, (1.5, -1.0)) == pytest.approx(1.0) and calibrated(-math.inf, (1.5, -1.0)) < 1e-30
+    spans = [{"passage_id": "a", "text": "x", "score": 2.0, "null_minus_best": 1.0}]
+    assert combine(spans)["no_answer_probability"] is None  # no probability without a calibration, this rule
+    assert combine(spans, calibration=(1.5, -1.0))["no_answer_probability"] == pytest.approx(calibrated(1.0, (1.5, -1.0)))
