@@ -8,9 +8,10 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       Retrieves (dense + BM25 hybrid at the retriever's recorded weight), reads the top passages and answers;
       with labelled questions it reports, for k = 1, 3, 5, 10 passages read, end-to-end EM/F1 (total, HasAns,
       NoAns), the retriever's recall@k of an answer-bearing passage, the reader's F1 on the gold paragraphs (the
-      ceiling) and questions/s. The no-answer threshold and the weight of the retriever's score in the answer are
-      tuned, and the probability of no answer calibrated, on --validation_file for each k (here the same file: an
-      upper bound, and said so): give the row's three to serve.py as --no_answer_threshold, --retriever_weight and
+      ceiling) and questions/s. The no-answer threshold and the weight of the retriever's score in the answer (and
+      of the reader's passage-selection score, for a reader trained with one) are tuned, and the probability of no
+      answer calibrated, on --validation_file for each k (here the same file: an upper bound, and said so): give
+      the row's settings to serve.py as --no_answer_threshold, --retriever_weight, --selection_weight and
       --no_answer_calibration. docs/RESULTS.md has the numbers.
 
   python qa_system.py --retriever bm25 --reader outputs/reader-squad --passages corpus.jsonl \
@@ -25,7 +26,7 @@ holding an earlier run's is refused unless --overwrite_output_dir, and then repl
 leaves nothing): predictions.json (id -> answer text, "" for no answer, at --top_k: what the official SQuAD v2
 evaluation script reads), details.jsonl (per question the answer, the passage it was taken from and its score,
 null when the system abstains, and the passages read with each one's best span and null score), eval_results.json
-(the table, with each k's threshold and retriever weight, and the precision each model ran at) and, with --passages and a trained retriever,
+(the table, with each k's threshold and weights, and the precision each model ran at) and, with --passages and a trained retriever,
 index/ (the corpus indexed: give it as --index next time).
 """
 
@@ -49,8 +50,8 @@ from utils.retriever.data import load_passages
 from utils.retriever.index import Index
 from utils.system.answer import combine
 from utils.system.inputs import SystemArgs, build_system
-from utils.system.measure import (RETRIEVER_WEIGHTS, combined_at, fit_calibration, labelled, questions_per_second,
-                                  reading_share, recall, scores, tune)
+from utils.system.measure import (combined_at, fit_calibration, labelled, questions_per_second, reading_share, recall,
+                                  scores, tune, weight_grid)
 from utils.system.pipeline import QASystem, answer_of
 
 logger = logging.getLogger("qa-amp")
@@ -61,8 +62,8 @@ class QAArgs(SystemArgs):
     questions: str = arg(None, "Questions to answer: SQuAD v1.1/v2.0 JSON (with answers the system is measured), or "
                                "JSON lines of {id, question} (optionally context, answers). Every question needs an id.")
     validation_file: Optional[str] = arg(None, "Labelled SQuAD JSON to tune the system's no-answer threshold and "
-                                               "retriever weight on, for each number of passages read (instead of "
-                                               "--no_answer_threshold; the weight too unless --retriever_weight).")
+                                               "weights on, for each number of passages read (instead of "
+                                               "--no_answer_threshold; each weight too unless given).")
     top_k: int = arg(5, "Passages read per question for predictions.json (at most the corpus).")
     eval_k: list[int] = field(default_factory=lambda: [1, 3, 5, 10], metadata={
         "help": "The numbers of passages read that the measurement reports (one retrieval, one reading, at the "
@@ -178,33 +179,35 @@ def main(argv=None):
                   f"tuned on {args.validation_file}" if validation is not None else "the reader's recorded threshold")
 
         def tuned(tuning_readings, kk, fuse=True):
-            """(retriever weight, threshold, calibration) at kk: given, tuned and fitted on the validation questions,
-            or the reader's threshold with no fusion; gold paragraphs, one passage without a retrieval score, are
-            read unfused."""
-            weight = (args.retriever_weight or 0.0) if fuse else 0.0
+            """((retriever weight, selection weight), threshold, calibration) at kk: given, tuned and fitted on the
+            validation questions, or the reader's threshold with no fusion; gold paragraphs, one passage without a
+            retrieval score, are read unfused."""
+            weights = (system.retriever_weight, system.selection_weight) if fuse else (0.0, 0.0)
             if args.no_answer_threshold is not None:
-                return weight, args.no_answer_threshold, args.no_answer_calibration
+                return weights, args.no_answer_threshold, args.no_answer_calibration
             if tuning_readings is None:
-                return weight, system.recorded_threshold, args.no_answer_calibration
-            weights = RETRIEVER_WEIGHTS if fuse and args.retriever_weight is None else [weight]
-            weight, threshold = tune(validation, lambda w: combined_at(tuning_readings, kk, system.shared, w), weights)
+                return weights, system.recorded_threshold, args.no_answer_calibration
+            grid = weight_grid(args.retriever_weight, args.selection_weight if system.reader.selects else 0.0) \
+                if fuse else [weights]
+            weights, threshold = tune(validation, lambda w: combined_at(tuning_readings, kk, system.shared, w), grid)
             if not fuse or args.no_answer_calibration:  # the gold paragraphs' ceiling needs no calibration
-                return weight, threshold, args.no_answer_calibration
-            fitted = fit_calibration(validation, combined_at(tuning_readings, kk, system.shared, weight))
-            return weight, threshold, fitted
+                return weights, threshold, args.no_answer_calibration
+            fitted = fit_calibration(validation, combined_at(tuning_readings, kk, system.shared, weights))
+            return weights, threshold, fitted
 
         settings = {kk: tuned(v_readings, kk) for kk in bands}
 
         # --- measure, write ----------------------------------------------------------------------------
         rows = []
         for kk in bands:
-            weight, threshold, calibration = settings[kk]
-            row = {"k": kk, "threshold": threshold, "retriever_weight": weight, "no_answer_calibration": calibration,
+            weights, threshold, calibration = settings[kk]
+            row = {"k": kk, "threshold": threshold, "retriever_weight": weights[0], "selection_weight": weights[1],
+                   "no_answer_calibration": calibration,
                    "questions_per_second": questions_per_second(times, kk, len(questions)),
                    "reading_share": reading_share(times, kk)}
             if is_labelled:
                 row["recall"] = recall(questions, retrieved, kk)
-                row.update(scores(questions, combined_at(readings, kk, system.shared, weight), threshold))
+                row.update(scores(questions, combined_at(readings, kk, system.shared, weights), threshold))
             rows.append(row)
         ceiling = None
         if gold is not None:
@@ -223,7 +226,7 @@ def main(argv=None):
         accelerator.print("  ".join(f"{key} {_fmt(value)}" for key, value in r.items()))
     if ceiling:
         accelerator.print("gold paragraphs (the ceiling): " + "  ".join(f"{key} {_fmt(v)}" for key, v in ceiling.items()))
-    accelerator.print(f"threshold and retriever weight: {source}; predictions.json at k={top_k} in {args.output_dir}")
+    accelerator.print(f"threshold and weights: {source}; predictions.json at k={top_k} in {args.output_dir}")
     finish(accelerator)
 
 
@@ -244,15 +247,15 @@ def write_outputs(accelerator, directory, questions, retrieved, readings, top_k,
     """predictions.json ({id: answer text}, the official SQuAD v2 evaluation's input) and details.jsonl: per
     question its answer at top_k, the passage it was taken from and its score (null on an abstention), its
     offsets in that passage, and every passage read (retrieval score, best span, span and null scores; null for a
-    passage without a span). `setting`: (retriever weight, threshold, calibration) at top_k."""
+    passage without a span). `setting`: ((retriever weight, selection weight), threshold, calibration) at top_k."""
     if not accelerator.is_main_process:
         return
-    weight, threshold, calibration = setting
+    (retriever_weight, selection_weight), threshold, calibration = setting
     predictions = {}
     with open(os.path.join(directory, "details.jsonl"), "w", encoding="utf-8") as f:
         for q, passages, reads in zip(questions, retrieved, readings):
-            a = answer_of(combine(reads[:top_k], shared, retriever_weight=weight, calibration=calibration), threshold,
-                          passages[:top_k], reads[:top_k])
+            a = answer_of(combine(reads[:top_k], shared, retriever_weight=retriever_weight, calibration=calibration,
+                                  selection_weight=selection_weight), threshold, passages[:top_k], reads[:top_k])
             predictions[q["id"]] = a["answer"]
             f.write(json_line({"id": q["id"], "question": q["question"], "answer": a["answer"],
                                "passage_id": a["passage_id"], "score": a["score"], "start": a["start"],
@@ -261,7 +264,8 @@ def write_outputs(accelerator, directory, questions, retrieved, readings, top_k,
                                "passages": [{"passage_id": p["passage_id"], "score": p["score"], "span": r["text"],
                                              "span_score": r["score"], "null_score": r["null_score"],
                                              "nbest": [{"text": x["text"], "score": x["score"]} for x in r["nbest"]],
-                                             **{k: r[k] for k in ("null_start", "null_end", "lse_start", "lse_end")}}
+                                             **{k: r[k] for k in ("null_start", "null_end", "lse_start", "lse_end",
+                                                                  "selection")}}
                                             for p, r in zip(passages, reads)]}) + "\n")
     write_json(accelerator, os.path.join(directory, "predictions.json"), predictions)
 

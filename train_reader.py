@@ -51,6 +51,7 @@ from utils.reader.decoding import MODEL_INPUTS
 from utils.reader.evaluate_or_predict import evaluate_or_predict
 from utils.reader.negatives import with_negative_passages
 from utils.retriever.data import load_passages
+from utils.reader.selection import attach_selection_head
 from utils.reader.squad_data import load_train_and_dev
 from utils.squad.files import is_impossible
 from utils.reader.groups import QuestionGroups
@@ -115,6 +116,10 @@ class ReaderArgs(TrainArgs):
                                         "softmax for the start and one for the end (shared normalization): a reader "
                                         "whose scores compare across the passages the QA system gives it, with one "
                                         "no-answer decision per question. 1: one paragraph at a time.")
+    passage_selection: bool = arg(False, "With --passages_per_question: also train DPR's passage-selection score (a "
+                                         "linear head on each window's [CLS], one softmax over the windows a question "
+                                         "reads, the ones holding its answer the targets), which the QA system can "
+                                         "weigh on each passage read (qa_system.py --selection_weight).")
     passages: Optional[str] = arg(None, "The corpus the negative or retrieved passages come from (JSON lines of "
                                         "title/text/passage_id).")
     negatives_retriever: Optional[str] = arg(None, "Rank the negative or retrieved passages with this trained "
@@ -144,6 +149,9 @@ class ReaderArgs(TrainArgs):
         if retrieving and self.passages is None:
             raise UserError(f"{'--negative_passages N' if self.negative_passages else '--passages_per_question M'} "
                             "needs --passages (the corpus its passages come from)")
+        if self.passage_selection and self.passages_per_question < 2:
+            raise UserError("--passage_selection picks among the passages a question reads: give --passages_per_question "
+                            "M (more than 1)")
         if not retrieving and (self.passages is not None or self.negatives_retriever):
             raise UserError("--passages and --negatives_retriever are for --negative_passages N or "
                             "--passages_per_question M (more than 1)")
@@ -248,6 +256,8 @@ def main(argv=None):
     # --- model ---------------------------------------------------------------------------------------
     model = load_qa_model(args.model_name_or_path, trained=False,
                           overrides=config_overrides(args.model_name_or_path, args.attention_dropout))
+    if args.passage_selection:
+        attach_selection_head(model)
     optimizer = build_optimizer(model, args, accelerator.device)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
 

@@ -19,7 +19,7 @@ its expected calibration error and Brier score; and the shift again with the sha
 probability allows: the probability at the threshold tuned on one half kept as the cut, the other half's odds moved
 by the ratio of its share's odds to the tuning half's. With --retriever_weight tune the weight of the retriever's
 score in the answer (utils.system.answer) is tuned with the threshold wherever a threshold is, as qa_system.py
-does; a number fixes it.
+does; a number fixes it; --selection_weight likewise for the reader's passage-selection score.
 """
 
 import argparse
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from utils.squad.files import load_questions  # noqa: E402
 from utils.system.answer import calibrated, calibration_logit, combine  # noqa: E402
-from utils.system.measure import RETRIEVER_WEIGHTS, fit_calibration, scores, tune  # noqa: E402
+from utils.system.measure import fit_calibration, scores, tune, weight_grid  # noqa: E402
 
 
 def paragraph_of(path: str) -> dict:
@@ -57,7 +57,8 @@ def readings_of(path: str) -> tuple[dict, bool]:
                 readings.append({"passage_id": p["passage_id"], "retrieval_score": p["score"], "text": p["span"],
                                  "score": span, "null_score": null,
                                  "null_minus_best": null - span if p["span"] else math.inf, "nbest": p.get("nbest"),
-                                 **{k: p.get(k) for k in ("null_start", "null_end", "lse_start", "lse_end")}})
+                                 **{k: p.get(k) for k in ("null_start", "null_end", "lse_start", "lse_end",
+                                                          "selection")}})
             out[row["id"]], shared = readings, row.get("rule") == "question"
     return out, shared
 
@@ -76,28 +77,32 @@ def main():
     parser.add_argument("--retriever_weight", default="0",
                         help="the weight of the retriever's score in the answer (utils.system.answer): a number, or "
                              "tune (tuned with the threshold, as qa_system.py does; 0: the reader's scores alone)")
+    parser.add_argument("--selection_weight", default="0",
+                        help="the weight of the reader's passage-selection score (a reader trained with "
+                             "--passage_selection): a number, or tune (with the retriever's, as qa_system.py does)")
     args = parser.parse_args()
 
     questions = load_questions(args.questions, need_context=False)
     paragraph = paragraph_of(args.questions)
     readings, shared = readings_of(os.path.join(args.run, "details.jsonl"))
-    weights = RETRIEVER_WEIGHTS if args.retriever_weight == "tune" else [float(args.retriever_weight)]
+    weights = weight_grid(*(None if w == "tune" else float(w) for w in (args.retriever_weight, args.selection_weight)))
     halves = [[q for q in questions if paragraph[q["id"]] % 2 == h] for h in (0, 1)]
     print(f"{args.run}: {len(questions)} questions, halves of {len(halves[0])} / {len(halves[1])} questions "
           f"({len(set(paragraph.values()))} paragraphs)")
     print("| k | F1 (threshold tuned on the file: upper bound) | F1 cross-fitted | EM | HasAns F1 | NoAns F1 | "
           "F1 at 50% unanswerable, threshold tuned on the other half (A->B, B->A, mean; abstaining: 50) | "
-          "retriever weight (on the file; the halves) |")
+          "weights, retriever/selection (on the file; the halves) |")
     print("|---|---|---|---|---|---|---|---|")
     calibration, calibrated_lines = [], []
     for k in args.k:
-        def combined(qs, weight):
-            views = [combine(readings[q["id"]][:k], shared, args.aggregate, weight) for q in qs]
+        def combined(qs, weights):
+            views = [combine(readings[q["id"]][:k], shared, args.aggregate, retriever_weight=weights[0],
+                             selection_weight=weights[1]) for q in qs]
             if args.abstain_on == "probability":
                 views = [dict(c, null_minus_best=c["no_answer_probability"]) for c in views]
             return views
 
-        def tuned(qs):  # (weight, threshold) tuned on these questions
+        def tuned(qs):  # (weights, threshold) tuned on these questions
             return tune(qs, lambda w: combined(qs, w), weights)
 
         weight, threshold = tuned(questions)
@@ -118,7 +123,7 @@ def main():
         print(f"| {k} | {upper['f1']:.2f} | {crossed['f1']:.2f} | {crossed['exact']:.2f} | "
               f"{crossed.get('HasAns_f1', float('nan')):.2f} | {crossed.get('NoAns_f1', float('nan')):.2f} | "
               f"{shifted[1]:.2f}, {shifted[0]:.2f}, {sum(shifted) / 2:.2f} | "
-              f"{weight:g}; {half_settings[1][0]:g}, {half_settings[0][0]:g} |")
+              f"{_pair(weight)}; {_pair(half_settings[1][0])}, {_pair(half_settings[0][0])} |")
         if args.abstain_on == "probability":
             calibration.append((k, *_calibration(questions, combined(questions, weight))))
     for k, ece, brier, mean_p, share, moved in calibrated_lines:
@@ -130,11 +135,15 @@ def main():
               f"(10 bins), Brier {brier:.3f}; mean P {mean_p:.3f} for a share of {share:.3f} unanswerable")
 
 
+def _pair(weights) -> str:
+    return "/".join(f"{w:g}" for w in weights)
+
+
 def _calibrated_across(halves, combined, settings):
     """The calibration fitted on each half and applied to the other: (ECE, Brier, mean P, share unanswerable) over
     both halves' questions, and per half the F1 reweighted to 50% unanswerable when its share is known: abstain
     where the calibrated probability, its odds moved from the tuning half's share to 1:1, passes the probability
-    that the tuning half's threshold stood for. `settings[h]`: (weight, threshold) tuned on the other half."""
+    that the tuning half's threshold stood for. `settings[h]`: (weights, threshold) tuned on the other half."""
     questions, probabilities, moved = [], [], []
     for h in (0, 1):
         tuning, scored = halves[1 - h], halves[h]

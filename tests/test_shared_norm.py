@@ -10,10 +10,13 @@ import os
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 from conftest import SAMPLE, assert_same_weights, run_killed_at_checkpoint, run_script
 
 from utils.reader.decoding import decode_spans
 from utils.reader.passages import answer_spans, drawn
+from utils.reader.selection import selection_head, selection_loss
+from utils.reader.trained import load_qa_model
 from utils.reader.shared_norm import group_batch, shared_norm_loss
 from utils.reader.windows import prepare_group_features
 from utils.system.answer import combine
@@ -57,6 +60,18 @@ def test_an_unanswerable_question_has_one_no_answer_over_all_its_windows():
     p_start = np.exp(lse([2.0, 0.0]) - lse(starts.flatten().tolist()))
     p_end = np.exp(lse([1.0, -1.0]) - lse(ends.flatten().tolist()))
     assert shared_norm_loss(starts, ends, batch).item() == pytest.approx(-(np.log(p_start) + np.log(p_end)) / 2)
+
+
+def test_the_selection_loss_is_one_softmax_over_a_questions_windows_its_answer_windows_the_targets():
+    """DPR's passage selection: question 0 reads three windows, its answer in windows 0 and 2 (the probability of
+    either counts); question 1 is unanswerable (its [CLS] is its target) and trains no selection, but still counts
+    in the mean over the batch's questions."""
+    scores = torch.tensor([0.5, 2.0, -1.0, 3.0])
+    start_target = torch.zeros(4, 5, dtype=torch.bool)
+    start_target[0, 2] = start_target[2, 4] = start_target[3, 0] = True
+    batch = {"group": torch.tensor([0, 0, 0, 1]), "start_target": start_target}
+    by_hand = -np.log((np.exp(0.5) + np.exp(-1.0)) / (np.exp(0.5) + np.exp(2.0) + np.exp(-1.0))) / 2
+    assert selection_loss(scores, batch).item() == pytest.approx(by_hand, rel=1e-6)
 
 
 def test_windows_label_every_occurrence_and_a_question_without_a_visible_answer_trains_towards_no_answer(tokenizer):
@@ -116,12 +131,17 @@ def grouped_args(model, out, per_device, *extra):
 
 
 def test_a_grouped_run_records_its_rule_and_resumes_to_the_same_weights(tiny_bert_dir, tmp_path):
+    """With the passage-selection head: it trains, resumes and is saved with the rest of the weights."""
     ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
     # killed after update 2: the resumed run redraws nothing it already drew
-    args = ["--checkpointing_steps", 2, "--attention_dropout", 0]
+    args = ["--checkpointing_steps", 2, "--attention_dropout", 0, "--passage_selection", "true"]
     run_script("train_reader.py", *grouped_args(tiny_bert_dir, ref, 4, *args))
     settings = json.load(open(os.path.join(ref, "reader_settings.json")))
-    assert (settings["normalization"], settings["passages_per_question"]) == ("question", 3)
+    assert (settings["normalization"], settings["passages_per_question"], settings["passage_selection"]) == \
+        ("question", 3, True)
+    with safe_open(os.path.join(ref, "model.safetensors"), "pt") as f:
+        assert {"passage_selection.weight", "passage_selection.bias"} <= set(f.keys())
+    assert selection_head(load_qa_model(ref)).weight.abs().sum() > 0  # restored on loading
     assert json.load(open(os.path.join(ref, "config.json")))["attention_probs_dropout_prob"] == 0  # trained so
     results = json.load(open(os.path.join(ref, "eval_results.json")))
     assert "train_questions_per_second" in results
@@ -134,8 +154,13 @@ def test_two_processes_train_a_grouped_reader_as_one(tiny_bert_no_dropout_dir, t
     from test_distributed import READER_INVARIANT, TOL, assert_weights_close, log, run_ddp
 
     single, ddp = str(tmp_path / "single"), str(tmp_path / "ddp")
-    run_script("train_reader.py", *grouped_args(tiny_bert_no_dropout_dir, single, 4), env={"OMP_NUM_THREADS": "1"})
-    proc = run_ddp("train_reader.py", *grouped_args(tiny_bert_no_dropout_dir, ddp, 2))
+    # with the selection head, which is used outside the DDP-wrapped forward
+    selection = ("--passage_selection", "true")
+    run_script("train_reader.py", *grouped_args(tiny_bert_no_dropout_dir, single, 4, *selection),
+               env={"OMP_NUM_THREADS": "1"})
+    proc = run_ddp("train_reader.py", *grouped_args(tiny_bert_no_dropout_dir, ddp, 2, *selection))
     assert "= 4 per update" in proc.stdout
     torch.testing.assert_close([r["loss"] for r in log(ddp)], [r["loss"] for r in log(single)], **TOL)
-    assert_weights_close(f"{single}/model.safetensors", f"{ddp}/model.safetensors", READER_INVARIANT)
+    # the selection scores too are softmaxed (over windows): a shift shared by all, like the head's bias, is nothing
+    assert_weights_close(f"{single}/model.safetensors", f"{ddp}/model.safetensors",
+                         READER_INVARIANT + ("passage_selection.bias",))

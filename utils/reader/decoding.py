@@ -13,7 +13,8 @@ windows: its null score is the log-sum-exp of the windows' [CLS] start logits pl
 log of its no-answer probability, up to the normalisers that a span's score shares), so `null_minus_best` is the
 log ratio of the no-answer's probability to the best span's. Every example also carries what combining passages
 needs: `null_start`/`null_end` (those log-sum-exps) and `lse_start`/`lse_end` (the log-sum-exp over every position
-a start or end may take: context tokens and [CLS]).
+a start or end may take: context tokens and [CLS]), and, from a reader with a passage-selection head
+(utils.reader.selection), `selection`: the log-sum-exp of its windows' selection scores.
 """
 
 from collections import defaultdict
@@ -30,14 +31,15 @@ def _lse(values) -> float:
 
 
 def decode_spans(example_ids, features_example_ids, features_offsets, start_logits, end_logits,
-                 n_best_size=20, max_answer_length=30, contexts=None, shared: bool = False):
+                 n_best_size=20, max_answer_length=30, contexts=None, shared: bool = False, selection_logits=None):
     """Return {example_id: {"text", "score", "null_score", "null_minus_best", "nbest"}} for every example id.
 
     features_* are aligned with the rows of start_logits/end_logits (float arrays, one row per window,
     possibly of different lengths); contexts maps example id -> context string. "nbest" lists the
     `n_best_size` best distinct spans over all windows, best first, as {"text", "score", "start", "end"}
     (character offsets into the context); "text"/"score" are its first entry. `shared`: the null score of a reader
-    trained with shared normalization (see the module docstring).
+    trained with shared normalization (see the module docstring). `selection_logits`: one selection score per window
+    (utils.reader.selection), giving each example its "selection".
     """
     windows = defaultdict(list)
     for f, ex_id in enumerate(features_example_ids):
@@ -71,6 +73,8 @@ def decode_spans(example_ids, features_example_ids, features_offsets, start_logi
         nbest = [{"text": contexts[ex_id][a:b], "score": score, "start": a, "end": b} for (a, b), score in best]
         top = nbest[0] if nbest else {"text": "", "score": -np.inf}
         stats = {"null_start": _lse(cls_s), "null_end": _lse(cls_e), "lse_start": _lse(all_s), "lse_end": _lse(all_e)}
+        if selection_logits is not None:
+            stats["selection"] = _lse([selection_logits[f] for f in windows[ex_id]])
         if shared:
             null_score = stats["null_start"] + stats["null_end"]
         results[ex_id] = {"text": top["text"], "score": top["score"], "null_score": null_score,
@@ -86,22 +90,29 @@ def apply_null_threshold(decoded: dict, threshold: float | None) -> dict:
     return {i: ("" if d["null_minus_best"] > threshold else d["text"]) for i, d in decoded.items()}
 
 
-def span_logits(model, loader, gather=None, progress: str | None = None) -> tuple[list, list]:
+def span_logits(model, loader, gather=None, progress: str | None = None) -> tuple[list, list, list | None]:
     """fp32 start and end logits of every window (numpy rows in loader order), whatever precision the forward ran
-    in. `gather` collects them across processes (evaluation under DDP); `progress` names a progress bar."""
+    in, and its selection score (None for a model without the head: utils.reader.selection). `gather` collects them
+    across processes (evaluation under DDP); `progress` names a progress bar."""
     from tqdm.auto import tqdm
 
-    starts, ends = [], []
+    from utils.reader.selection import reader_logits
+
+    starts, ends, selections = [], [], []
     for batch in tqdm(loader, desc=progress, unit="batch", disable=progress is None, dynamic_ncols=True):
-        out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
-        for logits, sink in ((out.start_logits, starts), (out.end_logits, ends)):
+        start, end, selection = reader_logits(model, batch)
+        outputs = [(start, starts), (end, ends)]
+        if selection is not None:
+            outputs.append((selection[:, None], selections))  # a column, gathered and padded as the logits are
+        for logits, sink in outputs:
             logits = logits.float()
             sink.extend((gather(logits) if gather else logits).cpu().numpy())
-    return starts, ends
+    return starts, ends, [float(x[0]) for x in selections] if selections else None
 
 
-def decode_examples(examples: list[dict], features, starts, ends, settings, shared: bool = False) -> dict:
+def decode_examples(examples: list[dict], features, starts, ends, settings, shared: bool = False,
+                    selections=None) -> dict:
     """{example id: best span, its score, the null score, the n best spans} (see decode_spans)."""
     return decode_spans([ex["id"] for ex in examples], features["example_id"], features["offset_mapping"],
                         starts, ends, settings.n_best_size, settings.max_answer_length,
-                        {ex["id"]: ex["context"] for ex in examples}, shared)
+                        {ex["id"]: ex["context"] for ex in examples}, shared, selections)

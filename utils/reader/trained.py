@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 from utils.loop.batching import pad_batch
 from utils.loop.errors import UserError
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
+from utils.reader.selection import HEAD, attach_selection_head, selection_head
 from utils.reader.windows import prepare_eval_features
 
 logger = logging.getLogger("qa-amp")
@@ -58,6 +59,9 @@ class ReaderSettings:
     # utils.reader.shared_norm): which no-answer rule it reads with (utils.reader.decoding, utils.system.answer).
     normalization: str = "window"
     passages_per_question: int = 1
+    # Whether it was trained with DPR's passage-selection head (utils.reader.selection; its weights are in
+    # model.safetensors): the QA system can weigh its score on each passage read.
+    passage_selection: bool = False
 
     @property
     def shared(self) -> bool:
@@ -110,14 +114,21 @@ def check_reader_dir(path: str) -> None:
 
 def load_qa_model(path: str, trained: bool = True, overrides: dict | None = None):
     """AutoModelForQuestionAnswering from `path`. `trained`: the checkpoint must hold the question-answering head
-    (a base encoder, or a DPR encoder, would answer with a randomly initialised head). Training starts from
-    any encoder: its new head is expected, and transformers' warning about it is silenced for this load only.
-    `overrides`: config settings to load it with (utils.loop.dropout)."""
+    (a base encoder, or a DPR encoder, would answer with a randomly initialised head); a passage-selection head
+    saved beside it (utils.reader.selection) is restored too. Training starts from any encoder: its new head is
+    expected, and transformers' warning about it is silenced for this load only (as is its report of the selection
+    head's weights, which it does not know). `overrides`: config settings to load it with (utils.loop.dropout)."""
     import transformers
+    from safetensors import safe_open
     from transformers import AutoModelForQuestionAnswering
 
+    weights_file = os.path.join(path, "model.safetensors")
+    head = {}
+    if trained and os.path.isfile(weights_file):
+        with safe_open(weights_file, "pt") as f:
+            head = {k[len(HEAD) + 1:]: f.get_tensor(k) for k in f.keys() if k.startswith(HEAD + ".")}
     verbosity = transformers.utils.logging.get_verbosity()
-    if not trained:
+    if not trained or head:
         transformers.utils.logging.set_verbosity_error()
     try:
         model, info = AutoModelForQuestionAnswering.from_pretrained(path, output_loading_info=True,
@@ -133,6 +144,8 @@ def load_qa_model(path: str, trained: bool = True, overrides: dict | None = None
                         "another extractive QA model")
     if missing:
         logger.info("%s: the question-answering head (%s) starts from random weights", path, ", ".join(missing[:2]))
+    if head:
+        attach_selection_head(model).load_state_dict(head)
     return model
 
 
@@ -161,6 +174,11 @@ class Reader:
         self.model = load_qa_model(model_dir).to(self.device).eval()
         self.batch_size, self.sort_by_length = batch_size, sort_by_length
         self.autocast = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+
+    @property
+    def selects(self) -> bool:
+        """Whether it scores passages for selection too (trained with --passage_selection: utils.reader.selection)."""
+        return selection_head(self.model) is not None
 
     def answer(self, pairs) -> list[dict]:
         """For each (question, context): {"answer" ("" = no answer), "score" (start+end logit of the best span),
@@ -192,8 +210,12 @@ class Reader:
         loader = DataLoader([rows[i] for i in order], batch_size=self.batch_size, collate_fn=lambda r: {
             k: v.to(self.device) for k, v in pad_batch(r, self.tokenizer.pad_token_id).items()})
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-            sorted_starts, sorted_ends = span_logits(self.model, loader, progress=progress)
+            sorted_starts, sorted_ends, sorted_selections = span_logits(self.model, loader, progress=progress)
         starts, ends = [None] * len(rows), [None] * len(rows)
+        selections = None if sorted_selections is None else [None] * len(rows)
         for position, i in enumerate(order):
             starts[i], ends[i] = sorted_starts[position], sorted_ends[position]
-        return decode_examples(examples, features, starts, ends, s, shared=s.shared if shared is None else shared)
+            if selections is not None:
+                selections[i] = sorted_selections[position]
+        return decode_examples(examples, features, starts, ends, s, shared=s.shared if shared is None else shared,
+                               selections=selections)

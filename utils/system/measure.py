@@ -22,36 +22,43 @@ def references(questions: list[dict]) -> dict:
     return {q["id"]: q["answers"]["text"] for q in questions}
 
 
-# the retriever weights tried (utils.system.answer): 0, then doubling over the scales retrievers' scores come in
+# the weights tried for a prior over the passages read (utils.system.answer): 0, then doubling over the scales
+# scores come in (a retriever's, a reader's selection scores)
 RETRIEVER_WEIGHTS = (0.0,) + tuple(2.0 ** i for i in range(-4, 8))
+SELECTION_WEIGHTS = RETRIEVER_WEIGHTS
 
 
-def combined_at(readings: list[list[dict]], k: int, shared: bool = False, retriever_weight: float = 0.0) -> list[dict]:
+def weight_grid(retriever_weight: float | None = None, selection_weight: float | None = None) -> list[tuple]:
+    """The (retriever weight, selection weight) pairs to tune over: a weight given is kept, one not given (None)
+    tried over its grid."""
+    return [(r, s) for r in (RETRIEVER_WEIGHTS if retriever_weight is None else [retriever_weight])
+            for s in (SELECTION_WEIGHTS if selection_weight is None else [selection_weight])]
+
+
+def combined_at(readings: list[list[dict]], k: int, shared: bool = False, weights: tuple = (0.0, 0.0)) -> list[dict]:
     """The system's view of each question from its first k passages (`shared`: the rule of a reader trained with
-    shared normalization; `retriever_weight`: the retriever's score fused in; utils.system.answer)."""
-    return [combine(passages[:k], shared, retriever_weight=retriever_weight) for passages in readings]
-
-
-def tune_threshold(questions: list[dict], combined: list[dict]) -> float:
-    """The system threshold with the best F1 on these labelled questions (the official SQuAD v2 procedure)."""
-    return _best_threshold(questions, combined)[1]
+    shared normalization; `weights`: the retriever's score and the reader's selection score fused in at these
+    weights; utils.system.answer)."""
+    retriever_weight, selection_weight = weights
+    return [combine(passages[:k], shared, retriever_weight=retriever_weight, selection_weight=selection_weight)
+            for passages in readings]
 
 
 def _best_threshold(questions: list[dict], combined: list[dict]) -> tuple[float, float]:
-    """(F1, threshold) at the threshold with the best F1."""
+    """(F1, threshold) at the threshold with the best F1 (the official SQuAD v2 procedure)."""
     return best_null_threshold(references(questions), {q["id"]: c["text"] for q, c in zip(questions, combined)},
                                {q["id"]: _finite(c["null_minus_best"]) for q, c in zip(questions, combined)})
 
 
-def tune(questions: list[dict], combined_with, weights=RETRIEVER_WEIGHTS) -> tuple[float, float]:
-    """(retriever weight, threshold) with the best F1 on these labelled questions: each weight of `weights` with its
-    own best threshold, on equal F1 the smaller weight. `combined_with(weight)`: the questions' combined views with
-    that weight (combined_at)."""
+def tune(questions: list[dict], combined_with, weights) -> tuple:
+    """(weights, threshold) with the best F1 on these labelled questions: each entry of `weights` (a weight, or a
+    pair of weight_grid) with its own best threshold; on equal F1 the first in sorted order, the smaller weights.
+    `combined_with(entry)`: the questions' combined views with it (combined_at)."""
     best = None
-    for weight in sorted(weights):
-        f1, threshold = _best_threshold(questions, combined_with(weight))
+    for entry in sorted(weights):
+        f1, threshold = _best_threshold(questions, combined_with(entry))
         if best is None or f1 > best[0]:
-            best = (f1, weight, threshold)
+            best = (f1, entry, threshold)
     return best[1], best[2]
 
 
