@@ -51,7 +51,6 @@ from utils.reader.decoding import MODEL_INPUTS
 from utils.reader.evaluate_or_predict import evaluate_or_predict
 from utils.reader.negatives import with_negative_passages
 from utils.retriever.data import load_passages
-from utils.reader.selection import attach_selection_head
 from utils.reader.squad_data import load_train_and_dev
 from utils.squad.files import is_impossible
 from utils.reader.groups import QuestionGroups
@@ -255,9 +254,8 @@ def main(argv=None):
 
     # --- model ---------------------------------------------------------------------------------------
     model = load_qa_model(args.model_name_or_path, trained=False,
-                          overrides=config_overrides(args.model_name_or_path, args.attention_dropout))
-    if args.passage_selection:
-        attach_selection_head(model)
+                          overrides=config_overrides(args.model_name_or_path, args.attention_dropout),
+                          selection=args.passage_selection)
     optimizer = build_optimizer(model, args, accelerator.device)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
 

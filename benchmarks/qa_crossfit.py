@@ -85,6 +85,9 @@ def main():
     questions = load_questions(args.questions, need_context=False)
     paragraph = paragraph_of(args.questions)
     readings, shared = readings_of(os.path.join(args.run, "details.jsonl"))
+    if (args.selection_weight == "tune" or float(args.selection_weight)) and any(r["selection"] is None for rs in readings.values() for r in rs):
+        sys.exit(f"{args.run}: its reader scored no passage selection (trained without --passage_selection): "
+                 "--selection_weight needs one")
     weights = weight_grid(*(None if w == "tune" else float(w) for w in (args.retriever_weight, args.selection_weight)))
     halves = [[q for q in questions if paragraph[q["id"]] % 2 == h] for h in (0, 1)]
     print(f"{args.run}: {len(questions)} questions, halves of {len(halves[0])} / {len(halves[1])} questions "

@@ -1,7 +1,7 @@
 """Passage selection (DPR's reader, Karpukhin et al. 2020): a score per window from its [CLS] vector, trained beside
 the span loss to pick, among the passages read with a question, the ones that hold its answer.
 
-The head is one linear layer on the last hidden state of [CLS], kept on the QA model as `passage_selection` so that
+The head is one linear layer on the encoder's last hidden state at [CLS] (`hidden_states[-1]`), kept on the QA model as `passage_selection` so that
 the optimizer, DDP, checkpoints and `save_pretrained` carry it with the rest of the weights (model.safetensors holds
 `passage_selection.weight`/`.bias`; a plain transformers load ignores them, utils.reader.trained.load_qa_model
 restores them). Its loss is a softmax over all the windows a question reads (train_reader.py
@@ -14,6 +14,7 @@ weighs it on every logit of the passage as it weighs the retriever's score (util
 
 import torch
 
+from utils.loop.errors import UserError
 from utils.reader.decoding import MODEL_INPUTS
 from utils.reader.shared_norm import NEG
 
@@ -22,8 +23,12 @@ HEAD = "passage_selection"
 
 def attach_selection_head(model) -> torch.nn.Linear:
     """A new selection head on `model` (initialised as transformers initialises a linear layer: normal with the
-    config's initializer_range, zero bias)."""
+    config's initializer_range, zero bias). An encoder's only: an encoder-decoder's QA output has no hidden states of
+    one sequence to read [CLS] from."""
     config = model.config
+    if getattr(config, "is_encoder_decoder", False):
+        raise UserError(f"--passage_selection: {config.model_type} is an encoder-decoder model; the passage-selection "
+                        "head reads an encoder's [CLS]")
     head = torch.nn.Linear(config.hidden_size, 1)
     torch.nn.init.normal_(head.weight, std=getattr(config, "initializer_range", 0.02))
     torch.nn.init.zeros_(head.bias)
@@ -54,7 +59,9 @@ def selection_loss(scores: torch.Tensor, batch: dict) -> torch.Tensor:
     questions = int(group.max()) + 1
     positive = batch["start_target"][:, 1:].any(dim=1)
     scores = scores.float()
-    total = scores.new_zeros(())
+    # tied to the head even when no question here has a positive: its gradient is then 0, not missing, which DDP
+    # (every parameter reduced on every process) needs
+    total = scores.sum() * 0.0
     for g in range(questions):
         rows = group == g
         if positive[rows].any():

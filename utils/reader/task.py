@@ -156,13 +156,14 @@ class GroupedReaderTask(ReaderTask):
         return send_to_device(self.groups.batch(batch.tolist(), self.sampler.epoch), self.accelerator.device)
 
     def compute_loss(self, model, batch):
-        """The shared-normalization loss, plus the passage-selection loss for a reader with the head (DPR adds the
-        two unweighted; utils.reader.selection)."""
+        """The shared-normalization loss, plus the passage-selection loss for a reader with the head, in DPR's
+        proportions: DPR sums the start, end and selection losses; the span loss here is the mean of start and end,
+        so the selection loss is halved too (utils.reader.selection)."""
         from utils.reader.shared_norm import shared_norm_loss
 
         start, end, selection = reader_logits(model, batch)
         loss = shared_norm_loss(start, end, batch)
-        return loss if selection is None else loss + selection_loss(selection, batch)
+        return loss if selection is None else loss + selection_loss(selection, batch) / 2
 
     @staticmethod
     def samples_in(batch):

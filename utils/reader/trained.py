@@ -112,19 +112,20 @@ def check_reader_dir(path: str) -> None:
                             "give a directory written by train_reader.py or another extractive QA model")
 
 
-def load_qa_model(path: str, trained: bool = True, overrides: dict | None = None):
+def load_qa_model(path: str, trained: bool = True, overrides: dict | None = None, selection: bool | None = None):
     """AutoModelForQuestionAnswering from `path`. `trained`: the checkpoint must hold the question-answering head
-    (a base encoder, or a DPR encoder, would answer with a randomly initialised head); a passage-selection head
-    saved beside it (utils.reader.selection) is restored too. Training starts from any encoder: its new head is
-    expected, and transformers' warning about it is silenced for this load only (as is its report of the selection
-    head's weights, which it does not know). `overrides`: config settings to load it with (utils.loop.dropout)."""
+    (a base encoder, or a DPR encoder, would answer with a randomly initialised head). Training starts from any
+    encoder: its new head is expected, and transformers' warning about it is silenced for this load only (as is its
+    report of a passage-selection head's weights, which it does not know). `selection`: the passage-selection head
+    (utils.reader.selection): None, the one saved with the model if any; True, that one or else a new one (training
+    with --passage_selection); False, none. `overrides`: config settings to load it with (utils.loop.dropout)."""
     import transformers
     from safetensors import safe_open
     from transformers import AutoModelForQuestionAnswering
 
     weights_file = os.path.join(path, "model.safetensors")
     head = {}
-    if trained and os.path.isfile(weights_file):
+    if selection is not False and os.path.isfile(weights_file):
         with safe_open(weights_file, "pt") as f:
             head = {k[len(HEAD) + 1:]: f.get_tensor(k) for k in f.keys() if k.startswith(HEAD + ".")}
     verbosity = transformers.utils.logging.get_verbosity()
@@ -144,8 +145,10 @@ def load_qa_model(path: str, trained: bool = True, overrides: dict | None = None
                         "another extractive QA model")
     if missing:
         logger.info("%s: the question-answering head (%s) starts from random weights", path, ", ".join(missing[:2]))
-    if head:
-        attach_selection_head(model).load_state_dict(head)
+    if head or selection:
+        new = attach_selection_head(model)
+        if head:
+            new.load_state_dict(head)
     return model
 
 
