@@ -26,9 +26,9 @@ holding an earlier run's is refused unless --overwrite_output_dir, and then repl
 leaves nothing): predictions.json (id -> answer text, "" for no answer, at --top_k: what the official SQuAD v2
 evaluation script reads), details.jsonl (per question the answer, the passage it was taken from and its score,
 null when the system abstains, and the passages read with each one's best span, null score and, for a reader
-trained with --passage_selection, selection score), eval_results.json
-(the table, with each k's threshold and weights, and the precision each model ran at) and, with --passages and a trained retriever,
-index/ (the corpus indexed: give it as --index next time).
+trained with --passage_selection, selection score), eval_results.json (the table, with each k's threshold and
+weights, and the precision each model ran at) and, with --passages and a trained retriever, index/ (the corpus
+indexed: give it as --index next time).
 """
 
 import logging
@@ -248,7 +248,8 @@ def write_outputs(accelerator, directory, questions, retrieved, readings, top_k,
     """predictions.json ({id: answer text}, the official SQuAD v2 evaluation's input) and details.jsonl: per
     question its answer at top_k, the passage it was taken from and its score (null on an abstention), its
     offsets in that passage, and every passage read (retrieval score, best span, span and null scores, null for a
-    passage without a span; the selection score, null for a reader without one). `setting`: ((retriever weight, selection weight), threshold, calibration) at top_k."""
+    passage without a span; the selection score, null for a reader without one). `setting`: ((retriever weight,
+    selection weight), threshold, calibration) at top_k."""
     if not accelerator.is_main_process:
         return
     (retriever_weight, selection_weight), threshold, calibration = setting

@@ -149,8 +149,8 @@ class ReaderArgs(TrainArgs):
             raise UserError(f"{'--negative_passages N' if self.negative_passages else '--passages_per_question M'} "
                             "needs --passages (the corpus its passages come from)")
         if self.passage_selection and self.passages_per_question < 2:
-            raise UserError("--passage_selection picks among the passages a question reads: give --passages_per_question "
-                            "M (more than 1)")
+            raise UserError("--passage_selection picks among the passages a question reads: give "
+                            "--passages_per_question M (more than 1)")
         if not retrieving and (self.passages is not None or self.negatives_retriever):
             raise UserError("--passages and --negatives_retriever are for --negative_passages N or "
                             "--passages_per_question M (more than 1)")

@@ -85,7 +85,8 @@ def main():
     questions = load_questions(args.questions, need_context=False)
     paragraph = paragraph_of(args.questions)
     readings, shared = readings_of(os.path.join(args.run, "details.jsonl"))
-    if (args.selection_weight == "tune" or float(args.selection_weight)) and any(r["selection"] is None for rs in readings.values() for r in rs):
+    scored = all(r["selection"] is not None for passages in readings.values() for r in passages)
+    if (args.selection_weight == "tune" or float(args.selection_weight)) and not scored:
         sys.exit(f"{args.run}: its reader scored no passage selection (trained without --passage_selection): "
                  "--selection_weight needs one")
     weights = weight_grid(*(None if w == "tune" else float(w) for w in (args.retriever_weight, args.selection_weight)))

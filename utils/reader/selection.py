@@ -1,15 +1,15 @@
 """Passage selection (DPR's reader, Karpukhin et al. 2020): a score per window from its [CLS] vector, trained beside
 the span loss to pick, among the passages read with a question, the ones that hold its answer.
 
-The head is one linear layer on the encoder's last hidden state at [CLS] (`hidden_states[-1]`), kept on the QA model as `passage_selection` so that
-the optimizer, DDP, checkpoints and `save_pretrained` carry it with the rest of the weights (model.safetensors holds
-`passage_selection.weight`/`.bias`; a plain transformers load ignores them, utils.reader.trained.load_qa_model
-restores them). Its loss is a softmax over all the windows a question reads (train_reader.py
---passages_per_question): minus the log of the probability it gives the windows holding a labelled answer, as DPR
-trains it over its positive and negative passages; a question with no such window (unanswerable, or its answer cut
-by the window length) trains no selection. Read, a passage's selection score is the log-sum-exp of its windows'
-(the log of its share of that softmax, up to the question's normaliser, which the rule cancels), and the QA system
-weighs it on every logit of the passage as it weighs the retriever's score (utils.system.answer).
+The head is one linear layer on the encoder's last hidden state at [CLS] (`hidden_states[-1]`), kept on the QA
+model as `passage_selection` so that the optimizer, DDP, checkpoints and `save_pretrained` carry it with the rest of
+the weights (model.safetensors holds `passage_selection.weight`/`.bias`; a plain transformers load ignores them,
+utils.reader.trained.load_qa_model restores them). Its loss is a softmax over all the windows a question reads
+(train_reader.py --passages_per_question): minus the log of the probability it gives the windows holding a labelled
+answer, as DPR trains it over its positive and negative passages; a question with no such window (unanswerable, or
+its answer cut by the window length) trains no selection. Read, a passage's selection score is the log-sum-exp of
+its windows' (the log of its share of that softmax, up to the question's normaliser, which the rule cancels), and
+the QA system weighs it on every logit of the passage as it weighs the retriever's score (utils.system.answer).
 """
 
 import torch
@@ -41,10 +41,10 @@ def selection_head(model):
     return getattr(getattr(model, "module", model), HEAD, None)
 
 
-def reader_logits(model, batch: dict, selection: bool = True):
-    """(start logits, end logits, selection logits per window or None): one forward pass. `selection`: compute the
-    selection scores where the model has the head."""
-    head = selection_head(model) if selection else None
+def reader_logits(model, batch: dict):
+    """(start logits, end logits, selection scores per window, None for a model without the head): one forward
+    pass."""
+    head = selection_head(model)
     out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS}, output_hidden_states=head is not None)
     scores = head(out.hidden_states[-1][:, 0]).squeeze(-1) if head is not None else None
     return out.start_logits, out.end_logits, scores
