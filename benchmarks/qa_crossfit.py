@@ -31,8 +31,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from utils.squad.files import load_questions  # noqa: E402
-from utils.system.answer import calibrated, calibration_logit, combine  # noqa: E402
-from utils.system.measure import fit_calibration, scores, tune, weight_grid  # noqa: E402
+from utils.system.answer import calibrated, calibration_logit  # noqa: E402
+from utils.system.measure import combined_at, fit_calibration, scores, tune, weight_grid  # noqa: E402
 
 
 def paragraph_of(path: str) -> dict:
@@ -100,8 +100,7 @@ def main():
     calibration, calibrated_lines = [], []
     for k in args.k:
         def combined(qs, weights):
-            views = [combine(readings[q["id"]][:k], shared, args.aggregate, retriever_weight=weights[0],
-                             selection_weight=weights[1]) for q in qs]
+            views = combined_at([readings[q["id"]] for q in qs], k, shared, weights, args.aggregate)
             if args.abstain_on == "probability":
                 views = [dict(c, null_minus_best=c["no_answer_probability"]) for c in views]
             return views

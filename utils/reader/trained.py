@@ -213,12 +213,9 @@ class Reader:
         loader = DataLoader([rows[i] for i in order], batch_size=self.batch_size, collate_fn=lambda r: {
             k: v.to(self.device) for k, v in pad_batch(r, self.tokenizer.pad_token_id).items()})
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-            sorted_starts, sorted_ends, sorted_selections = span_logits(self.model, loader, progress=progress)
-        starts, ends = [None] * len(rows), [None] * len(rows)
-        selections = None if sorted_selections is None else [None] * len(rows)
-        for position, i in enumerate(order):
-            starts[i], ends[i] = sorted_starts[position], sorted_ends[position]
-            if selections is not None:
-                selections[i] = sorted_selections[position]
+            outputs = span_logits(self.model, loader, progress=progress)
+        position = {i: at for at, i in enumerate(order)}  # each window's place in the sorted batches
+        starts, ends, selections = (None if xs is None else [xs[position[i]] for i in range(len(rows))]
+                                    for xs in outputs)
         return decode_examples(examples, features, starts, ends, s, shared=s.shared if shared is None else shared,
                                selections=selections)
