@@ -222,7 +222,7 @@ def main(argv=None):
     groups = None
     if args.passages_per_question > 1:  # each question with M - 1 retrieved passages, one softmax over their windows
         groups = QuestionGroups(accelerator, args, tokenizer, train_examples, load_passages(args.passages))
-        batch_sampler = LengthGroupedBatchSampler(groups.lengths(), args.per_device_train_batch_size, args.seed,
+        batch_sampler = LengthGroupedBatchSampler(groups.lengths, args.per_device_train_batch_size, args.seed,
                                                   args.group_by_length)
         train_loader = DataLoader(list(range(len(groups))), batch_sampler=batch_sampler, collate_fn=torch.tensor,
                                   generator=generator)

@@ -31,6 +31,17 @@ def test_grouping_cuts_padding_but_keeps_batches_random():
     assert maxima != sorted(maxima) and maxima != sorted(maxima, reverse=True)
 
 
+def test_lengths_that_change_with_the_epoch_are_grouped_by_the_epochs_own():
+    rng = np.random.default_rng(0)
+    per_epoch = {e: rng.integers(20, 400, size=2000) for e in range(2)}
+    sampler = LengthGroupedBatchSampler(per_epoch.__getitem__, 16, seed=0)
+    for e in range(2):
+        sampler.set_epoch(e)
+        batches = list(sampler)
+        assert sorted(i for b in batches for i in b) == list(range(2000))
+        assert padded_fraction(batches, per_epoch[e]) > 0.95 > padded_fraction(batches, per_epoch[1 - e])
+
+
 def test_pad_batch_pads_to_multiple_of_eight():
     rows = [{"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1], "start_positions": 1},
             {"input_ids": [5] * 10, "attention_mask": [1] * 10, "start_positions": 0}]

@@ -135,6 +135,27 @@ def test_the_no_answer_of_a_shared_reader_is_one_over_its_windows_and_passages()
     assert combine([a, b])["null_minus_best"] == 0  # a reader trained a paragraph at a time keeps its rule
 
 
+def test_questions_are_grouped_by_the_longest_window_they_read_in_the_epoch(tokenizer, tmp_path):
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from utils.reader.groups import QuestionGroups
+    from utils.retriever.data import load_passages
+    from utils.squad.files import load_squad
+
+    examples, _ = load_squad(f"{SAMPLE}/train.json")
+    args = SimpleNamespace(passages_per_question=2, seed=0, negatives_retriever=None, max_seq_length=256,
+                           doc_stride=32, max_query_length=32, cache_dir=str(tmp_path), preprocessing_num_workers=None)
+    passages = load_passages(f"{SAMPLE}/dpr_passages.jsonl")
+    groups = QuestionGroups(Accelerator(cpu=True), args, tokenizer, examples, passages)
+    for epoch in range(2):
+        want = [max(len(groups.features[r]["input_ids"]) for r in groups.rows(q, epoch)) for q in range(len(groups))]
+        assert groups.lengths(epoch).tolist() == want
+    # the passages drawn change with the epoch, and so does what pads a batch of them
+    assert groups.lengths(0).tolist() != groups.lengths(1).tolist()
+
+
 def grouped_args(model, out, per_device, *extra):
     return ["--model_name_or_path", model, "--output_dir", out, "--per_device_train_batch_size", per_device,
             "--learning_rate", 1e-3, "--max_train_steps", 6, "--logging_steps", 1, "--group_by_length", "false",
@@ -145,8 +166,9 @@ def grouped_args(model, out, per_device, *extra):
 def test_a_grouped_run_records_its_rule_and_resumes_to_the_same_weights(tiny_bert_dir, tmp_path):
     """With the passage-selection head: it trains, resumes and is saved with the rest of the weights."""
     ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
-    # killed after update 2: the resumed run redraws nothing it already drew
-    args = ["--checkpointing_steps", 2, "--attention_dropout", 0, "--passage_selection", "true"]
+    # killed after update 2: the resumed run redraws nothing it already drew, and groups by the same lengths
+    args = ["--checkpointing_steps", 2, "--group_by_length", "true", "--attention_dropout", 0,
+            "--passage_selection", "true"]
     run_script("train_reader.py", *grouped_args(tiny_bert_dir, ref, 4, *args))
     settings = json.load(open(os.path.join(ref, "reader_settings.json")))
     assert (settings["normalization"], settings["passages_per_question"], settings["passage_selection"]) == \

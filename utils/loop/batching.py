@@ -14,11 +14,13 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
     """Yields lists of indices. The order is a pure function of (seed, epoch): `set_epoch` before
     iterating, and a resumed run that skips the first k batches sees exactly the batches it missed.
     `epoch_items(epoch)`, where given, chooses the inputs of each epoch (as many every epoch: the updates are
-    planned from this sampler's length); by default every input, every epoch."""
+    planned from this sampler's length); by default every input, every epoch. `lengths`: one per input, or a
+    function of the epoch giving them (an input whose length changes with the epoch, as a question read with
+    passages drawn anew each epoch: grouped by what it is in this epoch)."""
 
     def __init__(self, lengths, batch_size: int, seed: int, group_by_length: bool = True, mega_batches: int = 50,
                  epoch_items=None):
-        self.lengths = np.asarray(lengths)
+        self.lengths = lengths
         self.batch_size, self.seed, self.group_by_length = batch_size, seed, group_by_length
         self.mega = mega_batches * batch_size
         self.epoch_items = epoch_items
@@ -27,8 +29,11 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def _lengths(self) -> np.ndarray:
+        return np.asarray(self.lengths(self.epoch) if callable(self.lengths) else self.lengths)
+
     def _items(self) -> np.ndarray:
-        return np.arange(len(self.lengths)) if self.epoch_items is None else np.asarray(self.epoch_items(self.epoch))
+        return np.arange(len(self._lengths())) if self.epoch_items is None else np.asarray(self.epoch_items(self.epoch))
 
     def __len__(self):
         return (len(self._items()) + self.batch_size - 1) // self.batch_size
@@ -40,10 +45,10 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         if not self.group_by_length:
             yield from (order[i:i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size))
             return
-        batches = []
+        batches, lengths = [], self._lengths()
         for c in range(0, len(order), self.mega):
             chunk = order[c:c + self.mega]
-            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+            chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
             batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
         # The epoch's one short batch (the last one cut) stays last: Accelerate's BatchSamplerShard yields a
         # round of batches only if the round's last batch is full, so a short batch shuffled into the middle

@@ -40,6 +40,7 @@ class QuestionGroups:
         pair_of_row = np.asarray(self.features["pair"], dtype=np.int64)
         self.rows_start = np.searchsorted(pair_of_row, np.arange(len(pairs) + 1))  # pair p: rows_start[p:p+2]
         self.row_lengths = np.asarray([len(x) for x in self.features["input_ids"]], dtype=np.int64)
+        self._lengths_of = (None, None)  # (epoch, lengths(epoch)): the sampler asks for them more than once an epoch
 
     def __len__(self):
         return len(self.first_pair)
@@ -52,10 +53,14 @@ class QuestionGroups:
     def rows(self, question: int, epoch: int) -> list[int]:
         return [r for p in self.pairs_read(question, epoch) for r in range(self.rows_start[p], self.rows_start[p + 1])]
 
-    def lengths(self) -> np.ndarray:
-        """Per question the tokens of its paragraph's windows: what length grouping sorts by (fixed across epochs,
-        so the batch order does not move with the draw)."""
-        return np.asarray([self.row_lengths[self.rows_start[f]:self.rows_start[f + 1]].sum() for f in self.first_pair])
+    def lengths(self, epoch: int) -> np.ndarray:
+        """Per question the longest window it reads in `epoch`: what length grouping sorts by, since a batch pads
+        every window to its longest (the question's own paragraph alone would leave the drawn passages, which come
+        in every length, to pad each batch at random)."""
+        if self._lengths_of[0] != epoch:
+            longest = [self.row_lengths[self.rows(q, epoch)].max() for q in range(len(self))]
+            self._lengths_of = (epoch, np.asarray(longest))
+        return self._lengths_of[1]
 
     def batch(self, questions, epoch: int) -> dict:
         rows, groups = [], []
