@@ -25,12 +25,17 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         self.mega = mega_batches * batch_size
         self.epoch_items = epoch_items
         self.epoch = 0
+        self._of_epoch = (None, None)  # (epoch, lengths(epoch)): asked for by len() and iter() alike
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def _lengths(self) -> np.ndarray:
-        return np.asarray(self.lengths(self.epoch) if callable(self.lengths) else self.lengths)
+        if not callable(self.lengths):
+            return np.asarray(self.lengths)
+        if self._of_epoch[0] != self.epoch:
+            self._of_epoch = (self.epoch, np.asarray(self.lengths(self.epoch)))
+        return self._of_epoch[1]
 
     def _items(self) -> np.ndarray:
         return np.arange(len(self._lengths())) if self.epoch_items is None else np.asarray(self.epoch_items(self.epoch))

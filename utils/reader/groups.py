@@ -40,7 +40,6 @@ class QuestionGroups:
         pair_of_row = np.asarray(self.features["pair"], dtype=np.int64)
         self.rows_start = np.searchsorted(pair_of_row, np.arange(len(pairs) + 1))  # pair p: rows_start[p:p+2]
         self.row_lengths = np.asarray([len(x) for x in self.features["input_ids"]], dtype=np.int64)
-        self._lengths_of = (None, None)  # (epoch, lengths(epoch)): the sampler asks for them more than once an epoch
 
     def __len__(self):
         return len(self.first_pair)
@@ -57,10 +56,7 @@ class QuestionGroups:
         """Per question the longest window it reads in `epoch`: what length grouping sorts by, since a batch pads
         every window to its longest (the question's own paragraph alone would leave the drawn passages, which come
         in every length, to pad each batch at random)."""
-        if self._lengths_of[0] != epoch:
-            longest = [self.row_lengths[self.rows(q, epoch)].max() for q in range(len(self))]
-            self._lengths_of = (epoch, np.asarray(longest))
-        return self._lengths_of[1]
+        return np.asarray([self.row_lengths[self.rows(q, epoch)].max() for q in range(len(self))])
 
     def batch(self, questions, epoch: int) -> dict:
         rows, groups = [], []
