@@ -247,8 +247,9 @@ def _fmt(value):
 def write_outputs(accelerator, directory, questions, retrieved, readings, top_k, setting, shared) -> None:
     """predictions.json ({id: answer text}, the official SQuAD v2 evaluation's input) and details.jsonl: per
     question its answer at top_k, the passage it was taken from and its score (null on an abstention), its
-    offsets in that passage, and every passage read (retrieval score, best span, span and null scores, null for a
-    passage without a span; the selection score, null for a reader without one). `setting`: ((retriever weight,
+    offsets in that passage, the log ratio the threshold compares (null_minus_best), and every passage read
+    (retrieval score, best span, span and null scores, null for a passage without a span; the selection score,
+    null for a reader without one). `setting`: ((retriever weight,
     selection weight), threshold, calibration) at top_k."""
     if not accelerator.is_main_process:
         return
@@ -261,7 +262,8 @@ def write_outputs(accelerator, directory, questions, retrieved, readings, top_k,
             predictions[q["id"]] = a["answer"]
             f.write(json_line({"id": q["id"], "question": q["question"], "answer": a["answer"],
                                "passage_id": a["passage_id"], "score": a["score"], "start": a["start"],
-                               "end": a["end"], "no_answer_probability": a["no_answer_probability"], "top_k": top_k,
+                               "end": a["end"], "null_minus_best": a["null_minus_best"],
+                               "no_answer_probability": a["no_answer_probability"], "top_k": top_k,
                                "rule": "question" if shared else "window",
                                "passages": [{"passage_id": p["passage_id"], "score": p["score"], "span": r["text"],
                                              "span_score": r["score"], "null_score": r["null_score"],

@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 from conftest import SAMPLE, assert_same_weights, assert_user_error, run_killed_at_checkpoint, run_script
+from tolerance import assert_ranks_within
 
 from utils.retriever.bi_encoder import BiEncoder, sentence_transformers_defaults
 
@@ -63,7 +64,6 @@ def test_window_sentences_rank_each_passage_by_its_best_sentence(tiny_bert_dir, 
     from transformers import AutoTokenizer
 
     from utils.retriever.data import evaluation_corpus, load_dpr, load_passages, passage_key, unique_passages
-    from utils.retriever.ranking import gold_ranks
     from utils.retriever.sentence_windows import sentence_windows, training_windows
 
     out = str(tmp_path / "run")
@@ -92,9 +92,10 @@ def test_window_sentences_rank_each_passage_by_its_best_sentence(tiny_bert_dir, 
                                    truncation="only_second", max_length=256, return_tensors="pt")))[1]
     scores = torch.stack([(q @ w[owner == i].T).max(1).values for i in range(len(corpus))], dim=1).numpy()
     index = {passage_key(c): i for i, c in enumerate(corpus)}
-    want = gold_ranks(scores, [[index[passage_key(c)] for c in d["positive_ctxs"]] for d in dev]).tolist()
+    gold = [[index[passage_key(c)] for c in d["positive_ctxs"]] for d in dev]
     got = [json.loads(line)["gold_rank"] for line in open(os.path.join(out, "rankings.jsonl"))]
-    assert got == want
+    # one padded batch here, length buckets in the run: the same ranks but where scores are a near-tie
+    assert assert_ranks_within(got, scores, gold) < 1  # the tiny model's scores are close: a near-tie may move a rank
 
 
 def test_minilm_mean_cosine_export_embeds_identically_in_sentence_transformers(minilm_dir, tmp_path):

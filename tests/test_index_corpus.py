@@ -15,6 +15,7 @@ import pytest
 
 from conftest import ROOT, SAMPLE, assert_user_error, run_script
 from test_distributed import run_ddp
+from tolerance import assert_ranked_alike
 from utils.retriever.index import Index
 from utils.retriever.search import Vectors, search_shards
 
@@ -60,8 +61,8 @@ def test_two_processes_build_what_one_builds_and_each_searches_its_shards(retrie
 
     memory = Retriever(retriever, device="cpu").index(f"{SAMPLE}/dpr_passages.jsonl", bm25=False, progress=False)
     np.testing.assert_allclose(np.asarray(memory.shards[0].embeddings), a, rtol=1e-4, atol=1e-5)
-    assert [[h["passage_id"] for h in r] for r in memory.search(QUESTIONS, k=5)] == \
-        [[h["passage_id"] for h in r] for r in ia.search(QUESTIONS, k=5)]
+    assert_ranked_alike([[(h["passage_id"], h["score"]) for h in r] for r in memory.search(QUESTIONS, k=5)],
+                        [[(h["passage_id"], h["score"]) for h in r] for r in ia.search(QUESTIONS, k=5)])
     # a question set searched shard by shard, as each process searches its own: the same as all at once
     q = ia.retriever.encode_questions(QUESTIONS)
     whole = search_shards(q, ia.shards, 10)
@@ -69,7 +70,8 @@ def test_two_processes_build_what_one_builds_and_each_searches_its_shards(retrie
     from utils.retriever.shards import merge_columns
 
     merged = merge_columns([p[0] for p in parts], [p[1] for p in parts], 10)
-    assert np.array_equal(whole[1], merged[1]) and np.allclose(whole[0], merged[0])
+    # other blocks, other summation orders: the same ranking up to near-ties
+    assert_ranked_alike([list(zip(i, s)) for s, i in zip(*whole)], [list(zip(i, s)) for s, i in zip(*merged)])
 
 
 def test_the_index_read_from_disk_is_searched_as_in_memory_across_many_blocks(retriever, tmp_path):

@@ -3,13 +3,13 @@ readings, a retriever that ranks the gold paragraph first reproduces the reader'
 processes answer as one, and bad inputs are one-line errors."""
 
 import json
-import math
 import os
 
 import pytest
 
 from conftest import SAMPLE, assert_user_error, run_script
 from test_distributed import run_ddp
+from tolerance import assert_answered_alike, assert_predictions_alike, assert_ranked_alike
 from utils.loop.errors import UserError
 from utils.reader.trained import Reader
 from utils.retriever.index import Index
@@ -48,13 +48,15 @@ def test_answers_follow_the_rule_over_the_readers_readings(models, tmp_path):
                     "score": r["score"], "null_minus_best": r["null_minus_best"], "nbest": r["nbest"]}
                    for p, r in zip(d["passages"], read)]
         best = max(by_hand, key=lambda x: x["score"])  # the best span of any passage...
-        abstain = min(x["null_minus_best"] for x in by_hand) > 0.5  # ...unless every null beats its span by > 0.5
-        assert predictions[d["id"]] == d["answer"] == ("" if abstain else best["text"]), d["id"]
-        if abstain:  # an abstention carries no passage and no score
+        ratio = min(x["null_minus_best"] for x in by_hand)
+        abstain = ratio > 0.5  # ...unless every null beats its span by > 0.5
+        assert predictions[d["id"]] == d["answer"], d["id"]
+        # read here in other batches than the run's: the rule's answer, up to near-ties
+        assert_answered_alike(d, {"answer": "" if abstain else best["text"], "score": None if abstain else best["score"],
+                                  "passage_id": None if abstain else best["passage_id"], "null_minus_best": ratio}, 0.5)
+        if not d["answer"]:  # an abstention carries no passage and no score
             assert (d["passage_id"], d["score"], d["start"], d["end"]) == (None, None, None, None)
-        else:  # the passage it was chosen from, and where in it
-            assert d["passage_id"] == best["passage_id"]
-            assert math.isclose(d["score"], best["score"], rel_tol=1e-6)
+        else:  # where in its passage
             assert passages[d["passage_id"]]["text"][d["start"]:d["end"]] == d["answer"]
     results = json.load(open(f"{out}/eval_results.json"))
     assert [r["k"] for r in results["rows"]] == [1, 3] and results["threshold_source"] == "given"
@@ -67,7 +69,11 @@ def test_the_api_answers_one_question_or_many_and_refuses_a_bad_k(models):
     question = "Who designed the Corran lighthouse?"
     one, many = qa.ask(question, k=3), qa.ask([question, "When was the loom built?"], k=3)
     assert isinstance(one, dict) and len(many) == 2 and len(one["passages"]) == 3
-    assert one["answer"] == many[0]["answer"] and one["passages"] == many[0]["passages"]
+    assert qa.ask([question], k=3) == [one]  # a string is a list of one: the same computation, the same bits
+    # batched with another question (other padding, other summation orders): alike up to near-ties
+    assert_answered_alike(one, many[0])
+    assert_ranked_alike([[(p["passage_id"], p["score"]) for p in one["passages"]]],
+                        [[(p["passage_id"], p["score"]) for p in many[0]["passages"]]])
     if one["answer"]:
         hit = next(p for p in one["passages"] if p["passage_id"] == one["passage_id"])
         assert hit["text"][one["start"]:one["end"]] == one["answer"] and hit["title"] == one["title"]
@@ -128,8 +134,11 @@ def test_the_api_at_a_runs_settings_answers_as_the_run(models, tmp_path):
     system = QASystem(models[1], models[0], passages=f"{SAMPLE}/dpr_passages.jsonl", device="cpu", retriever_weight=4.0,
                       calibration=row["no_answer_calibration"])
     asked = system.ask([q["question"] for q in questions], k=3, threshold=row["threshold"])
-    assert {q["id"]: a["answer"] for q, a in zip(questions, asked)} == predictions
     details = {d["id"]: d for d in map(json.loads, open(f"{out}/details.jsonl"))}
+    assert all(predictions[q["id"]] == details[q["id"]]["answer"] for q in questions)
+    # the API reads in other batches than the run: the run's answers up to near-ties (at the tuned cut, too)
+    assert_predictions_alike([{**a, "id": q["id"]} for q, a in zip(questions, asked)],
+                             [details[q["id"]] for q in questions], row["threshold"])
     assert all(a["no_answer_probability"] == pytest.approx(details[q["id"]]["no_answer_probability"])
                for q, a in zip(questions, asked))
     unfused = QASystem(models[1], models[0], passages=f"{SAMPLE}/dpr_passages.jsonl", device="cpu")
@@ -179,16 +188,12 @@ def test_two_processes_give_the_same_predictions_as_one(models, tmp_path):
     qa(models, one, "--no_answer_threshold", 0.0)
     proc = qa(models, two, "--no_answer_threshold", 0.0, launcher="ddp")
     assert "processes=2" in proc.stdout
-    a, b = json.load(open(f"{one}/predictions.json")), json.load(open(f"{two}/predictions.json"))
-    assert a == b  # the answers exactly
     # each process batches its own share of the (question, passage) pairs, padded to other lengths: the scores agree
-    # to float32 rounding, the answers and their passages exactly
+    # to float32 rounding, so the answers and their passages up to near-ties
     da, db = ([json.loads(line) for line in open(f"{d}/details.jsonl")] for d in (one, two))
-    for x, y in zip(da, db):
-        assert (x["id"], x["passage_id"]) == (y["id"], y["passage_id"])
-        assert (x["score"] is None) == (y["score"] is None), x["id"]
-        if x["score"] is not None:
-            assert x["score"] == pytest.approx(y["score"], rel=1e-5, abs=1e-5), x["id"]
+    assert_predictions_alike(db, da, 0.0)
+    for d, details in ((one, da), (two, db)):
+        assert json.load(open(f"{d}/predictions.json")) == {x["id"]: x["answer"] for x in details}
     # at scale: an index built by 2 processes (one shard each), searched where it lies by 2 processes, each its
     # own shard: the same answers as one process embedding the corpus itself
     reader, retriever = models
@@ -198,9 +203,8 @@ def test_two_processes_give_the_same_predictions_as_one(models, tmp_path):
     assert len(Index.load(index).shards) == 2
     run_ddp("qa_system.py", "--retriever", retriever, "--reader", reader, "--index", index, "--questions",
             f"{SAMPLE}/dev.json", "--output_dir", three, "--eval_k", 1, 3, "--no_answer_threshold", 0.0)
-    assert json.load(open(f"{three}/predictions.json")) == a
     dc = [json.loads(line) for line in open(f"{three}/details.jsonl")]
-    assert [(x["id"], x["passage_id"]) for x in dc] == [(x["id"], x["passage_id"]) for x in da]
+    assert_predictions_alike(dc, da, 0.0)
 
 
 def test_bad_inputs_are_one_line_errors_before_anything_is_created(models, tmp_path):
