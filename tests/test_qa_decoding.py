@@ -1,8 +1,12 @@
 """n-best span decoding over windows, with hand-built logits."""
 
+import math
+
 import numpy as np
 
+from utils.numeric import logsumexp
 from utils.reader.decoding import apply_null_threshold, decode_spans
+from utils.system.answer import combine
 
 CONTEXT = "Ada built a loom in 1823 at Dunhallow."
 #          0123456789012345678901234567890123456
@@ -47,3 +51,19 @@ def test_threshold_turns_confident_null_into_empty_answer():
     decoded = {"a": {"text": "x", "null_minus_best": 0.5}, "b": {"text": "y", "null_minus_best": -0.5}}
     assert apply_null_threshold(decoded, 0.0) == {"a": "", "b": "y"}
     assert apply_null_threshold(decoded, 1.0) == {"a": "x", "b": "y"}
+
+
+def test_a_log_sum_exp_over_nothing_but_minus_infinity_is_minus_infinity():
+    """Logits masked to -inf everywhere (a probability of zero) give log-sum-exps of -inf, not NaN, in the reader's
+    decoding and in the QA system's rule, which use the one function."""
+    masked = np.full(len(OFFSETS), -np.inf)
+    out = decode_spans(["q"], ["q"], [OFFSETS], [masked], [masked], contexts={"q": CONTEXT}, shared=True,
+                       selection_logits=[-np.inf])["q"]
+    assert [out[k] for k in ("null_start", "null_end", "lse_start", "lse_end", "selection")] == [-np.inf] * 5
+    assert out["text"] == "" and out["null_minus_best"] == np.inf
+    reading = {"passage_id": "a", "text": "x", "score": 1.0, "null_score": 0.0, "null_minus_best": -1.0,
+               "null_start": -math.inf, "null_end": -math.inf, "lse_start": 0.0, "lse_end": 0.0}
+    both = combine([reading, dict(reading, passage_id="b")], shared=True)
+    assert both["null_minus_best"] == -math.inf and both["no_answer_probability"] == 0.0
+    assert logsumexp([]) == logsumexp(np.full(3, -np.inf, dtype=np.float32)) == logsumexp(iter([-math.inf])) == -math.inf
+    assert logsumexp([0.0, 0.0]) == math.log(2) and logsumexp([1.0, math.inf]) == math.inf

@@ -21,13 +21,9 @@ from collections import defaultdict
 
 import numpy as np
 
+from utils.numeric import logsumexp
+
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-def _lse(values) -> float:
-    values = np.asarray(values, dtype=np.float64)
-    top = values.max()
-    return float(top + np.log(np.exp(values - top).sum()))
 
 
 def decode_spans(example_ids, features_example_ids, features_offsets, start_logits, end_logits,
@@ -55,8 +51,8 @@ def decode_spans(example_ids, features_example_ids, features_offsets, start_logi
             allowed = [0] + [k for k in range(n) if offsets[k] is not None]
             cls_s.append(starts[0])
             cls_e.append(ends[0])
-            all_s.append(_lse(starts[allowed]))
-            all_e.append(_lse(ends[allowed]))
+            all_s.append(logsumexp(starts[allowed]))
+            all_e.append(logsumexp(ends[allowed]))
             top_starts = np.argsort(starts[:n])[::-1][:n_best_size]
             top_ends = np.argsort(ends[:n])[::-1][:n_best_size]
             for s in top_starts:
@@ -72,9 +68,10 @@ def decode_spans(example_ids, features_example_ids, features_offsets, start_logi
         best = sorted(spans.items(), key=lambda item: (-item[1], item[0]))[:n_best_size]
         nbest = [{"text": contexts[ex_id][a:b], "score": score, "start": a, "end": b} for (a, b), score in best]
         top = nbest[0] if nbest else {"text": "", "score": -np.inf}
-        stats = {"null_start": _lse(cls_s), "null_end": _lse(cls_e), "lse_start": _lse(all_s), "lse_end": _lse(all_e)}
+        stats = {"null_start": logsumexp(cls_s), "null_end": logsumexp(cls_e), "lse_start": logsumexp(all_s),
+                 "lse_end": logsumexp(all_e)}
         if selection_logits is not None:
-            stats["selection"] = _lse([selection_logits[f] for f in windows[ex_id]])
+            stats["selection"] = logsumexp([selection_logits[f] for f in windows[ex_id]])
         if shared:
             null_score = stats["null_start"] + stats["null_end"]
         results[ex_id] = {"text": top["text"], "score": top["score"], "null_score": null_score,

@@ -41,16 +41,10 @@ questions, and None (a SQuAD v1.1 reader) always answers.
 
 import math
 
+from utils.numeric import logsumexp
+
 CLIP = 50.0  # a log ratio beyond +-CLIP says nothing more to the calibration (and no span anywhere is +inf)
 NO_SPAN = {"text": "", "score": -math.inf, "null_score": math.inf, "null_minus_best": math.inf}
-
-
-def _lse(values) -> float:
-    values = [v for v in values if v != -math.inf]
-    if not values:
-        return -math.inf
-    top = max(values)
-    return top + math.log(sum(math.exp(v - top) for v in values))
 
 
 def with_prior(reading: dict, prior: float) -> dict:
@@ -91,8 +85,8 @@ def _combined(passages, shared, aggregate, retriever_weight, selection_weight) -
     out = {"text": best["text"], "passage_id": best["passage_id"], "score": best["score"]}
     if not shared:
         return {**out, "null_minus_best": min(p["null_minus_best"] for p in passages), "no_answer_probability": None}
-    null_start, null_end = _lse(p["null_start"] for p in passages), _lse(p["null_end"] for p in passages)
-    lse_start, lse_end = _lse(p["lse_start"] for p in passages), _lse(p["lse_end"] for p in passages)
+    null_start, null_end = logsumexp(p["null_start"] for p in passages), logsumexp(p["null_end"] for p in passages)
+    lse_start, lse_end = logsumexp(p["lse_start"] for p in passages), logsumexp(p["lse_end"] for p in passages)
     probability = (math.exp(null_start - lse_start) + math.exp(null_end - lse_end)) / 2
     best_score = best["score"]
     if aggregate:  # log of the summed probability of each normalised answer string (the shared normalisers cancel)
@@ -105,8 +99,8 @@ def _combined(passages, shared, aggregate, retriever_weight, selection_weight) -
                 strings.setdefault(key, []).append(span["score"])
                 if key not in shown or span["score"] > shown[key]["score"]:
                     shown[key] = {**span, "passage_id": p["passage_id"]}
-        key = max(strings, key=lambda k: (_lse(strings[k]), -len(k)))
-        best_score, span = _lse(strings[key]), shown[key]
+        key = max(strings, key=lambda k: (logsumexp(strings[k]), -len(k)))
+        best_score, span = logsumexp(strings[key]), shown[key]
         out = {"text": span["text"], "passage_id": span["passage_id"], "score": best_score, "start": span.get("start"),
                "end": span.get("end")}
     return {**out, "null_minus_best": null_start + null_end - best_score, "no_answer_probability": probability}
