@@ -15,6 +15,8 @@ import urllib.request
 import pytest
 
 from conftest import ROOT, SAMPLE, free_port
+from utils.loop.errors import UserError
+from utils.retriever.index import question_list
 from utils.squad.files import load_questions
 from utils.system.pipeline import QASystem
 
@@ -120,6 +122,18 @@ def test_bad_requests_are_4xx_naming_the_field_and_the_server_keeps_serving(serv
     got, body = server.request("/ask", raw=request_body)
     assert got == status and body["field"] == field and body["error"].startswith(field), body
     assert server.ask("Who designed the Corran lighthouse?")[0] == 200
+
+
+@pytest.mark.parametrize("questions, limits", [(["Who?", "  "], {}), ("   ", {}),
+                                               (["Who?", "Where?", "x" * 1001], {"max_chars": 1000})],
+                         ids=["blank-in-list", "blank", "too-long"])
+def test_the_server_refuses_a_question_in_the_python_apis_words(server, questions, limits):
+    """One check of the questions (utils.retriever.questions) for the API and the server: the same problem in the
+    same words, the server's limits added."""
+    status, body = server.ask(questions)
+    with pytest.raises(UserError) as refused:
+        question_list(questions, **limits)
+    assert status == 422 and body["error"].split(": ", 1)[1] == str(refused.value).split(": ", 1)[1], body
 
 
 def test_concurrent_clients_are_answered_correctly_in_shared_passes(server, expected):

@@ -29,6 +29,7 @@ from utils.retriever.bm25 import BM25
 from utils.retriever.fusion import convex_fusion, gather_candidates
 from utils.retriever.index_files import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, content_hash, map_shard,
                                          read_manifest, shard_name, write_json_atomically)
+from utils.retriever.questions import question_list
 from utils.retriever.search import Vectors, score_shards, search_shards
 from utils.retriever.shards import shard as share_of
 
@@ -215,20 +216,6 @@ def check_index_target(directory: str, overwrite: bool) -> None:
             raise UserError(f"{directory}: not empty and not an index: save the index to a new or empty directory")
         if not overwrite:
             raise UserError(f"{directory}: holds an index already: pass overwrite=True to replace it")
-
-
-def question_list(questions) -> list[str]:
-    """Questions as a list of non-empty strings; a single string is one question (not one per character)."""
-    if isinstance(questions, str):
-        questions = [questions]
-    try:
-        questions = list(questions)
-    except TypeError:
-        raise UserError(f"questions: expected a string or a list of strings, got {type(questions).__name__}") from None
-    for i, q in enumerate(questions):
-        if not isinstance(q, str) or not q.strip():
-            raise UserError(f"question #{i}: expected a non-empty string, got {q!r}")
-    return questions
 
 
 def check_k(k) -> None:

@@ -153,14 +153,15 @@ class QASystem:
 
 
 def answer_of(combined: dict, threshold: float | None, passages: list[dict], readings: list[dict]) -> dict:
-    """One question's answer as `QASystem.ask` gives it, from its combined view, passages and readings."""
+    """One question's answer as `QASystem.ask` gives it, from its combined view, passages and readings; with it
+    "text", the text of the passage it is in (None on an abstention)."""
     text = answer(combined, threshold)
     chosen = next((j for j, p in enumerate(passages) if p["passage_id"] == combined["passage_id"]), None) if text else None
     hit = passages[chosen] if chosen is not None else None
     start = combined.get("start", readings[chosen]["start"]) if hit else None  # an aggregated answer: its own span
     end = combined.get("end", readings[chosen]["end"]) if hit else None
     return {"answer": text, "passage_id": hit and hit["passage_id"], "title": hit and hit["title"],
-            "start": start, "end": end,
+            "text": hit and hit["text"], "start": start, "end": end,
             "score": combined["score"] if hit else None, "null_minus_best": combined["null_minus_best"],
             "no_answer_probability": combined["no_answer_probability"],
             "passages": [{**p, "reading": r} for p, r in zip(passages, readings)]}

@@ -19,6 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from utils.loop.errors import UserError
+from utils.retriever.questions import QuestionError, question_list
 from utils.system.batcher import Batcher
 
 logger = logging.getLogger("qa-amp")
@@ -43,18 +44,12 @@ class BadRequest(Exception):
 
 
 def check_request(body: AskRequest, limits: Limits) -> tuple[list[str], int]:
-    """(questions, k) of a request, or BadRequest naming the field."""
-    questions = [body.question] if isinstance(body.question, str) else list(body.question)
-    if not questions:
-        raise BadRequest("question", "no question given")
-    if len(questions) > limits.max_questions:
-        raise BadRequest("question", f"{len(questions)} questions in one request; at most {limits.max_questions}", 413)
-    for i, q in enumerate(questions):
-        where = "question" if isinstance(body.question, str) else f"question[{i}]"
-        if not q.strip():
-            raise BadRequest(where, "empty question")
-        if len(q) > limits.max_question_chars:
-            raise BadRequest(where, f"{len(q)} characters; at most {limits.max_question_chars}")
+    """(questions, k) of a request, or BadRequest naming the field: the questions by the Python API's own check
+    (utils.retriever.questions) at the server's limits."""
+    try:
+        questions = question_list(body.question, limits.max_questions, limits.max_question_chars, at_least_one=True)
+    except QuestionError as err:
+        raise BadRequest(err.field("question"), err.problem, err.status) from None
     k = limits.k if body.k is None else body.k
     if not 1 <= k <= limits.max_k:
         raise BadRequest("k", f"k must be between 1 and {limits.max_k} (got {k})")
@@ -62,11 +57,10 @@ def check_request(body: AskRequest, limits: Limits) -> tuple[list[str], int]:
 
 
 def public(a: dict) -> dict:
-    """One answer as the API returns it: the answer (None when the system abstains) with its score, passage and
-    character offsets, and the passages read with their retrieval scores."""
-    chosen = next((p for p in a["passages"] if p["passage_id"] == a["passage_id"]), None) if a["answer"] else None
-    return {"answer": a["answer"] or None, "score": a["score"], "passage_id": a["passage_id"],
-            "title": chosen and chosen["title"], "text": chosen and chosen["text"], "start": a["start"], "end": a["end"],
+    """One answer of `QASystem.ask` as the API returns it: the answer (None when the system abstains) with its
+    score, passage and character offsets, and the passages read with their retrieval scores."""
+    return {"answer": a["answer"] or None, "score": a["score"], "passage_id": a["passage_id"], "title": a["title"],
+            "text": a["text"], "start": a["start"], "end": a["end"],
             "passages": [{"passage_id": p["passage_id"], "title": p["title"], "text": p["text"], "score": p["score"]}
                          for p in a["passages"]]}
 
