@@ -19,7 +19,7 @@ from utils.reader.selection import selection_head, selection_loss
 from utils.reader.trained import load_qa_model
 from utils.reader.shared_norm import group_batch, shared_norm_loss
 from utils.reader.windows import prepare_group_features
-from utils.system.answer import combine
+from utils.system.answer import answer, combine
 
 
 def lse(x):
@@ -133,6 +133,44 @@ def test_the_no_answer_of_a_shared_reader_is_one_over_its_windows_and_passages()
     want = (math.exp(lse([0.0, -1.0]) - lse([2.0, 1.0])) + math.exp(lse([1.0, 0.0]) - lse([2.5, 1.5]))) / 2
     assert c["no_answer_probability"] == pytest.approx(want)
     assert combine([a, b])["null_minus_best"] == 0  # a reader trained a paragraph at a time keeps its rule
+
+
+def test_a_span_held_by_several_windows_is_read_as_trained_its_probability_summed_over_them():
+    """The loss gives a span the start probability of its first token summed over the windows that hold it whole,
+    and the end probability likewise, as it sums the no-answer over every window's [CLS]: the span's score is the
+    log-sum-exp of its start logits over those windows plus that of its end logits. Scored by its best window
+    instead, against a no-answer summed over the windows, an answer in the overlap of two windows loses 2 ln 2 (the
+    old rule abstains here; the trained one answers)."""
+    context = "Ada built a loom in 1823 at Dunhallow."
+    # [CLS], a question token, five context tokens, [SEP]: window 1 reads "Ada built a loom in", window 2 (stride)
+    # "loom in 1823 at Dunhallow."; "loom" (12, 16) is token 5 of the first and token 2 of the second
+    first = [None, None, (0, 3), (4, 9), (10, 11), (12, 16), (17, 19), None]
+    second = [None, None, (12, 16), (17, 19), (20, 24), (25, 27), (28, 38), None]
+
+    def window(peaks):
+        x = np.full(8, -5.0)
+        for i, v in peaks.items():
+            x[i] = v
+        return x
+
+    starts = [window({0: 0.5, 5: 2.0}), window({0: 0.5, 2: 0.0, 4: 1.0})]
+    ends = [window({0: 0.5, 5: 0.0}), window({0: 0.5, 2: 2.0, 4: -1.0})]
+    read = decode_spans(["x"], ["x", "x"], [first, second], starts, ends, contexts={"x": context}, shared=True)["x"]
+    null = 2 * 0.5 + 2 * math.log(2)  # both windows' [CLS], start and end
+    loom = 2 * math.log(math.exp(2.0) + math.exp(0.0))  # log(e^2 + e^0) for the starts, the same for the ends
+    assert (read["text"], read["nbest"][0]["start"], read["nbest"][0]["end"]) == ("loom", 12, 16)
+    assert read["score"] == pytest.approx(loom, rel=1e-12) and read["null_score"] == pytest.approx(null, rel=1e-12)
+    assert read["null_minus_best"] == pytest.approx(null - loom, rel=1e-12) and read["null_minus_best"] < 0
+    assert null - max(2.0 + 0.0, 0.0 + 2.0) > 0  # the best window's score: the old rule abstained
+    # a span in one window only keeps its start + end logit
+    assert {x["text"]: x["score"] for x in read["nbest"]}["1823"] == 1.0 + -1.0
+    # the QA system's rule over this one passage says what the reader says
+    c = combine([{"passage_id": "p", **read}], shared=True)
+    assert c["text"] == "loom" and c["null_minus_best"] == pytest.approx(read["null_minus_best"], rel=1e-12)
+    assert answer(c, 0.0) == "loom"
+    # a reader trained a window at a time keeps its best window and its least sure [CLS]
+    window_rule = decode_spans(["x"], ["x", "x"], [first, second], starts, ends, contexts={"x": context})["x"]
+    assert (window_rule["score"], window_rule["null_score"]) == (2.0, 1.0)
 
 
 def test_questions_are_grouped_by_the_longest_window_they_read_in_the_epoch(tokenizer, tmp_path):

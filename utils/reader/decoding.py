@@ -2,16 +2,21 @@
 and the SQuAD v2 rule that turns them into an answer or "".
 
 For each example the best non-null span is searched across every window: the top `n_best_size` start and end
-positions of each window are paired, spans outside the context, reversed, or longer than `max_answer_length`
-tokens are dropped, and the highest start+end logit sum wins. The null score is the lowest [CLS] start+end logit
-over the windows (the window most sure there is an answer). `null_minus_best` = null score - best span score is
-what the SQuAD v2 threshold compares: predict no answer when it exceeds the threshold (0 by default; tuned on dev
-by utils.reader.metrics).
+positions of each window are paired, spans outside the context, reversed, or longer than `max_answer_length` tokens
+are dropped, and the highest start+end logit sum wins (for a shared-normalization reader, see below). The null score
+is the lowest [CLS] start+end logit over the windows (the window most sure there is an answer). `null_minus_best` =
+null score - best span score is what the SQuAD v2 threshold compares: predict no answer when it exceeds the threshold
+(0 by default; tuned on dev by utils.reader.metrics).
 
-A reader trained with shared normalization (utils.reader.shared_norm) has one no-answer per question, over all its
-windows: its null score is the log-sum-exp of the windows' [CLS] start logits plus that of their end logits (the
-log of its no-answer probability, up to the normalisers that a span's score shares), so `null_minus_best` is the
-log ratio of the no-answer's probability to the best span's. Every example also carries what combining passages
+A reader trained with shared normalization (utils.reader.shared_norm) is decoded as it was trained. Its loss sums
+a target's start probability over every window that holds the target, and its end probability likewise: the
+no-answer over every window's [CLS], a span over the windows that hold it whole. So its null score is the
+log-sum-exp of the windows' [CLS] start logits plus that of their end logits, and a span's score (the same
+character offsets, wherever the windows overlap) is the log-sum-exp of its start logits over the windows that hold
+it plus that of its end logits: a span one window holds keeps its start + end logit. Both are the log of a
+probability up to the same normalisers, so `null_minus_best` is the log ratio of the no-answer's probability to the
+best span's. (Scoring a span by its best window alone would tilt a passage longer than a window towards abstaining
+by up to twice the log of its number of windows.) Every example also carries what combining passages
 needs: `null_start`/`null_end` (those log-sum-exps) and `lse_start`/`lse_end` (the log-sum-exp over every position
 a start or end may take: context tokens and [CLS]), and, from a reader with a passage-selection head
 (utils.reader.selection), `selection`: the log-sum-exp of its windows' selection scores.
@@ -33,8 +38,9 @@ def decode_spans(example_ids, features_example_ids, features_offsets, start_logi
     features_* are aligned with the rows of start_logits/end_logits (float arrays, one row per window,
     possibly of different lengths); contexts maps example id -> context string. "nbest" lists the
     `n_best_size` best distinct spans over all windows, best first, as {"text", "score", "start", "end"}
-    (character offsets into the context); "text"/"score" are its first entry. `shared`: the null score of a reader
-    trained with shared normalization (see the module docstring). `selection_logits`: one selection score per window
+    (character offsets into the context); "text"/"score" are its first entry. `shared`: the span and null scores of
+    a reader trained with shared normalization (see the module docstring; the candidates are still the spans paired
+    from each window's n best starts and ends). `selection_logits`: one selection score per window
     (utils.reader.selection), giving each example its "selection".
     """
     windows = defaultdict(list)
@@ -43,10 +49,12 @@ def decode_spans(example_ids, features_example_ids, features_offsets, start_logi
     results = {}
     for ex_id in example_ids:
         spans, null_score = {}, np.inf  # (start char, end char) -> best score of that span over the windows
-        cls_s, cls_e, all_s, all_e = [], [], [], []
+        cls_s, cls_e, all_s, all_e, read = [], [], [], [], []
         for f in windows[ex_id]:
             starts, ends, offsets = np.asarray(start_logits[f]), np.asarray(end_logits[f]), features_offsets[f]
             n = min(len(offsets), len(starts))
+            if shared:
+                read.append((starts, ends, *_token_at(offsets, n)))
             null_score = min(null_score, float(starts[0] + ends[0]))
             allowed = [0] + [k for k in range(n) if offsets[k] is not None]
             cls_s.append(starts[0])
@@ -64,6 +72,8 @@ def decode_spans(example_ids, features_example_ids, features_offsets, start_logi
                     span, score = (offsets[s][0], offsets[e][1]), float(starts[s] + ends[e])
                     if score > spans.get(span, -np.inf):
                         spans[span] = score
+        if shared:  # each candidate scored over every window that holds it, as the loss sums it
+            spans = {span: _summed_over_windows(span, read) for span in spans}
         # Best first; among equal scores the earlier span.
         best = sorted(spans.items(), key=lambda item: (-item[1], item[0]))[:n_best_size]
         nbest = [{"text": contexts[ex_id][a:b], "score": score, "start": a, "end": b} for (a, b), score in best]
@@ -77,6 +87,27 @@ def decode_spans(example_ids, features_example_ids, features_offsets, start_logi
         results[ex_id] = {"text": top["text"], "score": top["score"], "null_score": null_score,
                           "null_minus_best": null_score - top["score"] if nbest else np.inf, "nbest": nbest, **stats}
     return results
+
+
+def _token_at(offsets, n) -> tuple[dict, dict]:
+    """A window's context tokens by the character a span starts at and the one it ends at: the tokens the training
+    labels take (utils.reader.windows.prepare_group_features: where characters are shared, the last token starting
+    at or before the span's start, the first ending at or after its end)."""
+    start_at, end_at = {}, {}
+    for k in range(n):
+        if offsets[k] is not None:
+            start_at[offsets[k][0]] = k
+            end_at.setdefault(offsets[k][1], k)
+    return start_at, end_at
+
+
+def _summed_over_windows(span, read) -> float:
+    """A shared-normalization reader's score of a span: the log-sum-exp of its start logits over the windows that
+    hold it whole plus that of its end logits (`read`: per window its start and end logits and `_token_at`)."""
+    a, b = span
+    held = [(starts[start_at[a]], ends[end_at[b]]) for starts, ends, start_at, end_at in read
+            if a in start_at and b in end_at and start_at[a] <= end_at[b]]
+    return logsumexp(s for s, _ in held) + logsumexp(e for _, e in held)
 
 
 def apply_null_threshold(decoded: dict, threshold: float | None) -> dict:

@@ -9,10 +9,11 @@ probabilities add up to the question's probability of no answer. Trained on pass
 one with it, a span's score in one passage then means the same as in another, and the no-answer is one decision per
 question, not one per window.
 
-At reading time the same quantities come from each passage's windows (utils.reader.decoding): the best span's
-start+end logit, the log-sum-exp of the windows' [CLS] logits (start and end) and of every position's; combined
-over a question's passages (utils.system.answer) they give its best span, its probability of no answer and their
-log ratio, which the no-answer threshold compares.
+At reading time the same quantities come from each passage's windows (utils.reader.decoding): a span's score is
+summed as its target is, the log-sum-exp of its start logits over the windows that hold it whole plus that of its end
+logits; the no-answer's the log-sum-exp of the windows' [CLS] logits (start and end), and every position's likewise;
+combined over a question's passages (utils.system.answer) they give its best span, its probability of no answer and
+their log ratio, which the no-answer threshold compares.
 """
 
 import torch

@@ -8,11 +8,13 @@ null score and, for the shared rule, the log-sum-exps of its windows' logits (ut
   passage's null score beats its best span by more than a threshold: `null_minus_best` = min over passages of
   (null score - best span score) > threshold. With one passage this is exactly the reader's own SQuAD v2 rule.
 * A reader trained with shared normalization (`normalization` "question", utils.reader.shared_norm): its scores are
-  one softmax over all the windows of all the passages read, so the best span is again the best score of any
-  passage, and the no-answer is one decision per question: its score is the log-sum-exp over every window of every
-  passage of the [CLS] start logits plus that of the end logits, and `null_minus_best` (null - best span score) is
-  the log of the ratio of the no-answer's probability to the best span's. `no_answer_probability` is the share of
-  the start and end softmaxes (averaged) on the no-answer: a probability per question.
+  one softmax over all the windows of all the passages read, so the best span is again the best score of any passage
+  (a span's score in its passage: its start and end logits each summed, as log-sum-exps, over the windows that hold
+  it, as the reader was trained; utils.reader.decoding), and the no-answer is one decision per question: its score is
+  the log-sum-exp over every window of every passage of the [CLS] start logits plus that of the end logits, and
+  `null_minus_best` (null - best span score) is the log of the ratio of the no-answer's probability to the best
+  span's. `no_answer_probability` is the share of the start and end softmaxes (averaged) on the no-answer: a
+  probability per question.
 
 With `aggregate` (shared rule only, as castorini/pygaggle does for DPR's reader) the answer is the answer text, not
 the span: the probabilities of every span (the n best of each passage) whose text normalises to the same string
