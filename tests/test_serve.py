@@ -116,8 +116,10 @@ def test_ask_answers_as_the_qa_system_does(server, expected):
     (json.dumps({"question": "Who?", "k": 21}).encode(), 422, "k"),
     (json.dumps({"question": "Who?", "k": "many"}).encode(), 422, "k"),
     (json.dumps({"question": ["Who?"] * 17}).encode(), 413, "question"),
+    (b'{"question": "Who built \\ud800 it?"}', 422, "question"),
+    (b'{"question": ["Who?", "\\udc00"]}', 422, "question[1]"),
 ], ids=["malformed", "not-an-object", "missing", "empty", "empty-in-list", "not-a-string", "too-long", "k-0", "k-21",
-        "k-text", "too-many"])
+        "k-text", "too-many", "lone-surrogate", "lone-surrogate-in-list"])
 def test_bad_requests_are_4xx_naming_the_field_and_the_server_keeps_serving(server, request_body, status, field):
     got, body = server.request("/ask", raw=request_body)
     assert got == status and body["field"] == field and body["error"].startswith(field), body
@@ -134,6 +136,26 @@ def test_the_server_refuses_a_question_in_the_python_apis_words(server, question
     with pytest.raises(UserError) as refused:
         question_list(questions, **limits)
     assert status == 422 and body["error"].split(": ", 1)[1] == str(refused.value).split(": ", 1)[1], body
+
+
+def test_a_bad_question_fails_its_own_request_only(server, expected):
+    """Requests asked together share passes: one with a question the models cannot read (a lone surrogate, valid
+    JSON) is a 4xx JSON error naming it, and every other request is answered."""
+    questions, answers = expected
+    results = {}
+    bodies = {i: json.dumps({"question": questions[i], "k": 3}).encode() for i in range(6)}
+    bodies["bad"] = b'{"question": "Who designed \\ud800?", "k": 3}'
+    threads = [threading.Thread(target=lambda i=i: results.update({i: server.request("/ask", raw=bodies[i])}))
+               for i in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert results["bad"] == (422, {"error": "question: not text: character 13 is a lone surrogate (\\ud800)",
+                                    "field": "question"})
+    for i in range(6):
+        status, body = results[i]
+        assert status == 200 and body["answers"][0]["answer"] == (answers[i]["answer"] or None), body
 
 
 def test_concurrent_clients_are_answered_correctly_in_shared_passes(server, expected):

@@ -1,7 +1,9 @@
 """The one check of a list of questions, for every way questions come in: the Python API (Index.search,
 Retriever.encode_questions, QASystem.ask) and the server's requests (utils.system.server), which add their limits.
 
-A question is a string that holds more than whitespace. A refusal is a `QuestionError`: a UserError whose message
+A question is a string that holds more than whitespace and can be written as UTF-8: a lone surrogate, which Python
+strings and JSON's "\\ud800" escape allow, makes the tokenizer fail, so it is refused here, before any model sees
+it. A refusal is a `QuestionError`: a UserError whose message
 names the question (`question #i` in a list, as the Python API numbers them), with what the server needs to name
 the field of its JSON error (`question` or `question[i]`).
 """
@@ -47,4 +49,9 @@ def question_list(questions, max_questions: int | None = None, max_chars: int | 
             raise QuestionError(where, f"expected a non-empty string, got {q[:20]!r}")
         if max_chars is not None and len(q) > max_chars:
             raise QuestionError(where, f"{len(q)} characters; at most {max_chars}")
+        try:
+            q.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise QuestionError(where, f"not text: character {err.start} is a lone surrogate "
+                                       f"({q[err.start].encode('utf-8', 'backslashreplace').decode()})") from None
     return questions

@@ -6,7 +6,8 @@ every request that arrives within `max_wait` seconds (or is already waiting) whi
 worker thread (retrieval and reading batched across the requests). While a pass runs, new requests queue up, so
 under load every pass is as full as `max_batch` allows: throughput is a batch's, not one question's, and an idle
 server adds at most `max_wait` to a lone question's latency. With `max_batch=1` each request is its own pass (what
-the benchmark compares against).
+the benchmark compares against). A pass that fails answers each of its requests again on its own, so a request
+the system cannot answer fails alone: its client gets the error, every other client its answers.
 """
 
 import asyncio
@@ -35,6 +36,11 @@ class _Request:
     future: asyncio.Future
 
 
+def _fail(request: _Request, err: Exception) -> None:
+    if not request.future.done():  # the client may have gone
+        request.future.set_exception(err)
+
+
 class Batcher:
     def __init__(self, answer_many, max_batch: int, max_wait: float):
         """`answer_many(questions, ks)`: one answer per question (with its own k), computed in one pass."""
@@ -48,6 +54,18 @@ class Batcher:
         future = asyncio.get_running_loop().create_future()
         await self.queue.put(_Request(questions, k, future))
         return await future
+
+    async def _answer(self, batch: list[_Request]) -> None:
+        """One pass over the requests of `batch`, each handed its answers; raises what the pass raised."""
+        questions = [q for r in batch for q in r.questions]
+        ks = [r.k for r in batch for _ in r.questions]
+        answers = await asyncio.get_running_loop().run_in_executor(self.executor, self.answer_many, questions, ks)
+        self.passes, self.questions = self.passes + 1, self.questions + len(questions)
+        first = 0
+        for r in batch:
+            if not r.future.done():  # the client may have gone
+                r.future.set_result(answers[first:first + len(r.questions)])
+            first += len(r.questions)
 
     async def run(self) -> None:
         """The worker: forever gather a batch, answer it off the event loop, hand each request its answers."""
@@ -69,21 +87,18 @@ class Batcher:
                     break
                 batch.append(nxt)
                 size += len(nxt.questions)
-            questions = [q for r in batch for q in r.questions]
-            ks = [r.k for r in batch for _ in r.questions]
             try:
-                answers = await loop.run_in_executor(self.executor, self.answer_many, questions, ks)
-            except Exception as err:  # a failed pass fails its requests, not the server
-                for r in batch:
-                    if not r.future.done():
-                        r.future.set_exception(err)
-                continue
-            self.passes, self.questions = self.passes + 1, self.questions + len(questions)
-            first = 0
-            for r in batch:
-                if not r.future.done():  # the client may have gone
-                    r.future.set_result(answers[first:first + len(r.questions)])
-                first += len(r.questions)
+                await self._answer(batch)
+            except Exception as err:  # noqa: BLE001 - a failed pass fails its requests, not the server
+                if len(batch) == 1:
+                    _fail(batch[0], err)
+                    continue
+                for r in batch:  # which request failed it? Each again on its own: only one that fails alone fails
+                    if not r.future.done():  # the client may have gone
+                        try:
+                            await self._answer([r])
+                        except Exception as own:  # noqa: BLE001 - its own error, for its own client
+                            _fail(r, own)
             if self.queue.empty() and self.held is None:  # nothing waits: a moment to give freed memory back,
                 # on the pass thread's arena
                 await loop.run_in_executor(self.executor, release_freed_memory)

@@ -3,7 +3,8 @@
 The app loads the models and the index once, on a thread of its own, so that `/health` answers (503, "loading")
 while they load; `/ask` then answers through the micro-batcher (utils.system.batcher), with exactly
 `QASystem.ask`'s rule, threshold and settings. Every bad request is a 4xx JSON error naming the field
-(`{"error": ..., "field": ...}`) and never reaches the models.
+(`{"error": ..., "field": ...}`) and never reaches the models; a request the system fails on anyway fails alone
+(the batcher answers the others of its pass without it), as a JSON error too.
 """
 
 import asyncio
@@ -131,7 +132,17 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
         if state["system"] is None:
             return JSONResponse({"error": "the models are still loading" if not state["error"] else state["error"],
                                  "field": None}, status_code=503)
-        answers = await batcher.ask(questions, k)
+        try:
+            answers = await batcher.ask(questions, k)
+        except QuestionError as err:  # what the checks above let through and the system refused
+            return JSONResponse({"error": f"{err.field('question')}: {err.problem}", "field": err.field("question")},
+                                status_code=err.status)
+        except UserError as err:
+            return JSONResponse({"error": str(err), "field": None}, status_code=422)
+        except Exception as err:  # noqa: BLE001 - this request failed alone (utils.system.batcher): a JSON 500
+            logger.exception("a request of %d questions failed", len(questions))
+            return JSONResponse({"error": f"the system failed on this request: {type(err).__name__}: {err}",
+                                 "field": None}, status_code=500)
         return {"answers": answers, "k": k}
 
     @app.get("/", include_in_schema=False)
