@@ -196,3 +196,23 @@ def test_faiss_indexes_from_the_shards_find_what_the_exact_search_finds(kind, op
     assert recall >= want, recall
     if want == 1.0:
         assert recall == 1.0
+
+
+def strict_json(path):
+    """A file's JSON read as strict JSON readers read it: NaN and Infinity are not JSON."""
+    def refuse(constant):
+        raise AssertionError(f"{path}: {constant} is not JSON")
+
+    with open(path) as f:
+        return json.load(f, parse_constant=refuse)
+
+
+def test_an_index_manifest_and_progress_are_strict_json_a_nan_written_as_null(tmp_path):
+    """One atomic writer (utils.loop.jsonfiles.write_json_file) for every JSON file: the index's manifest went
+    through a second one that wrote NaN."""
+    index, _ = synthetic_index(n=40, dim=4)
+    index.built_by["settings"] = {"hybrid_dense_weight": float("nan")}
+    index.save(str(tmp_path / "index"))
+    assert strict_json(tmp_path / "index" / "index.json")["settings"]["hybrid_dense_weight"] is None
+    assert strict_json(tmp_path / "index" / "shard-00000" / "progress.json")["passages"] == 20
+    assert not [n for n in os.listdir(tmp_path / "index") if n.endswith(".tmp")]

@@ -1,7 +1,8 @@
 """JSON files in and out. Reading: a missing, unreadable or malformed file is a one-line UserError naming the file
 (and, for JSON lines, the line). Writing: strict JSON, which most JSON readers require: Python's json would write
-Infinity and NaN for numbers that are not finite; they are written as null. Files are written to a temporary name
-and renamed into place, so a reader never sees half a file."""
+Infinity and NaN for numbers that are not finite; they are written as null. Every JSON file of the project is written
+by `write_json_file`: to a temporary name, flushed to disk, renamed into place, so that a reader (or a resumed job
+after a crash) never sees half a file."""
 
 import json
 import math
@@ -63,9 +64,17 @@ def json_line(obj) -> str:
     return json.dumps(json_safe(obj), allow_nan=False, ensure_ascii=False)
 
 
+def write_json_file(path: str, obj) -> None:
+    """The one JSON writer: strict JSON (non-finite numbers as null), written to a temporary file, made durable
+    (fsync: a manifest or progress record must not vouch for data a power cut loses) and renamed into place."""
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(json_safe(obj), f, indent=1, ensure_ascii=False, allow_nan=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
 def write_json(accelerator, path: str, obj) -> None:
-    """Strict JSON (non-finite numbers as null), written to a temporary file and renamed into place."""
+    """`write_json_file`, by the main process only (a run's results)."""
     if accelerator.is_main_process:
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(json_safe(obj), f, indent=1, ensure_ascii=False, allow_nan=False)
-        os.replace(path + ".tmp", path)
+        write_json_file(path, obj)

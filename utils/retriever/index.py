@@ -24,11 +24,12 @@ from dataclasses import asdict
 import numpy as np
 
 from utils.loop.errors import UserError
+from utils.loop.jsonfiles import write_json_file
 from utils.loop.output_dir import staged_directory
 from utils.retriever.bm25 import BM25
 from utils.retriever.fusion import convex_fusion, gather_candidates
 from utils.retriever.index_files import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, content_hash, map_shard,
-                                         read_manifest, shard_name, write_json_atomically)
+                                         read_manifest, shard_name)
 from utils.retriever.questions import question_list
 from utils.retriever.search import Vectors, score_shards, search_shards
 from utils.retriever.shards import shard as share_of
@@ -148,7 +149,7 @@ class Index:
                                    "vectors": len(v.embeddings)})
                 if self.bm25 is not None:
                     self.bm25.save(os.path.join(tmp, "bm25"))
-                write_json_atomically(os.path.join(tmp, INDEX_FILE), manifest(
+                write_json_file(os.path.join(tmp, INDEX_FILE), manifest(
                     self.built_by, dtype, dimension, self.count, shards, bm25=self.bm25 is not None, complete=True))
         except OSError as err:
             raise UserError(f"{directory}: cannot write the index ({err.strerror or err})") from None

@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from utils.loop.errors import UserError
-from utils.loop.jsonfiles import json_line
+from utils.loop.jsonfiles import json_line, write_json_file
 
 INDEX_FILE, FORMAT = "index.json", 3
 VECTORS, OWNER, PASSAGES, OFFSETS, PROGRESS = "vectors.bin", "owner.bin", "passages.jsonl", "offsets.bin", "progress.json"
@@ -30,14 +30,6 @@ VECTORS, OWNER, PASSAGES, OFFSETS, PROGRESS = "vectors.bin", "owner.bin", "passa
 
 def shard_name(i: int) -> str:
     return f"shard-{i:05d}"
-
-
-def write_json_atomically(path: str, obj) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
 
 
 def read_manifest(directory: str, complete: bool = True) -> dict:
@@ -105,7 +97,7 @@ class ShardWriter:
         p["passages"] += len(passages)
         p["vectors"] += len(vectors)
         p["passage_bytes"] += sum(len(line) for line in lines)
-        write_json_atomically(os.path.join(self.directory, PROGRESS), p)
+        write_json_file(os.path.join(self.directory, PROGRESS), p)
 
     def _write(self, name: str, data: bytes) -> None:
         with open(os.path.join(self.directory, name), "ab") as f:

@@ -14,11 +14,12 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 
 from utils.loop.errors import UserError
+from utils.loop.jsonfiles import write_json_file
 from utils.retriever.bm25 import BM25
 from utils.retriever.data import byte_ranges, count_lines, stream_passages
 from utils.retriever.index import check_index_target, manifest
 from utils.retriever.index_files import (INDEX_FILE, PassageStore, ShardWriter, content_hash, map_shard, read_manifest,
-                                         shard_name, write_json_atomically)
+                                         shard_name)
 
 logger = logging.getLogger("qa-amp")
 CHUNK_HASH_PASSAGES = 1024  # passages per corpus hash recorded (and compared on resume)
@@ -153,7 +154,7 @@ def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retrie
                 os.makedirs(out, exist_ok=True)
                 meta = manifest(built_by, dtype, retriever.dimension, corpus["passages"], [], bm25=False,
                                 complete=False, corpus=corpus)
-                write_json_atomically(os.path.join(out, INDEX_FILE), meta)
+                write_json_file(os.path.join(out, INDEX_FILE), meta)
             except UserError as err:
                 failure = str(err)
             except OSError as err:
@@ -220,6 +221,6 @@ def build_index(accelerator, retriever, passages: str, output_dir: str, dtype: s
             parts = [map_shard(output_dir, meta, s)[2] for s in shards]
             BM25(list(PassageStore(parts, [s["first"] for s in shards]))).save(os.path.join(output_dir, "bm25"))
         meta["seconds"] = max(s["seconds"] for s in every)
-        write_json_atomically(os.path.join(output_dir, INDEX_FILE), meta)
+        write_json_file(os.path.join(output_dir, INDEX_FILE), meta)
     accelerator.wait_for_everyone()
     return meta
