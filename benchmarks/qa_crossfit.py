@@ -20,6 +20,11 @@ probability allows: the probability at the threshold tuned on one half kept as t
 by the ratio of its share's odds to the tuning half's. With --retriever_weight tune the weight of the retriever's
 score in the answer (utils.system.answer) is tuned with the threshold wherever a threshold is, as qa_system.py
 does; a number fixes it; --selection_weight likewise for the reader's passage-selection score.
+
+A half (or the file) without an unanswerable question, SQuAD v1.1 data, has nothing to tune a threshold on: what is
+scored at its settings answers every question, as a SQuAD v1.1 reader does, and no calibration is fitted on it; the
+output says so. Each --k is scored with the run's first k passages of each question, so a k beyond those the run
+read is refused.
 """
 
 import argparse
@@ -30,6 +35,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from utils.loop.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.squad.files import load_questions  # noqa: E402
 from utils.system.answer import calibrated, calibration_logit  # noqa: E402
 from utils.system.measure import combined_at, fit_calibration, scores, tune, weight_grid  # noqa: E402
@@ -63,11 +69,29 @@ def readings_of(path: str) -> tuple[dict, bool]:
     return out, shared
 
 
+def run_ks(run: str, readings: dict) -> tuple[int, str]:
+    """(the most passages the run read for a question, the k's it has: its table's, from eval_results.json when
+    there is one, else every k up to that)."""
+    largest = max((len(passages) for passages in readings.values()), default=0)
+    try:
+        with open(os.path.join(run, "eval_results.json"), encoding="utf-8") as f:
+            return largest, ", ".join(str(r["k"]) for r in json.load(f)["rows"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return largest, f"1..{largest}"
+
+
+def unanswerable_share(questions: list[dict]) -> float:
+    """The share of these labelled questions that have no answer."""
+    return sum(not q["answers"]["text"] for q in questions) / max(len(questions), 1)
+
+
+@exit_on_user_error
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="a qa_system.py output directory (its details.jsonl)")
     parser.add_argument("--questions", required=True, help="the labelled SQuAD JSON the run answered")
-    parser.add_argument("--k", type=int, nargs="+", default=[1, 3, 5, 10])
+    parser.add_argument("--k", type=int, nargs="+", default=[1, 3, 5, 10],
+                        help="the numbers of passages read to score (at most the run read per question)")
     parser.add_argument("--abstain_on", choices=["ratio", "probability"], default="ratio",
                         help="what the threshold compares: the log ratio of the no-answer to the best span (the "
                              "system's rule), or the probability of no answer (shared-normalization readers)")
@@ -85,14 +109,23 @@ def main():
     questions = load_questions(args.questions, need_context=False)
     paragraph = paragraph_of(args.questions)
     readings, shared = readings_of(os.path.join(args.run, "details.jsonl"))
+    largest, ks = run_ks(args.run, readings)
+    beyond = [k for k in args.k if not 1 <= k <= largest]
+    if beyond:  # scored with the passages there are, a row would be labelled with a k the run never read
+        raise UserError(f"--k {', '.join(map(str, beyond))}: {args.run} read {largest} passages per question (its "
+                        f"k's: {ks}); give k from 1 to {largest}")
     scored = all(r["selection"] is not None for passages in readings.values() for r in passages)
     if (args.selection_weight == "tune" or float(args.selection_weight)) and not scored:
-        sys.exit(f"{args.run}: its reader scored no passage selection (trained without --passage_selection): "
-                 "--selection_weight needs one")
+        raise UserError(f"{args.run}: its reader scored no passage selection (trained without "
+                        "--passage_selection): --selection_weight needs one")
     weights = weight_grid(*(None if w == "tune" else float(w) for w in (args.retriever_weight, args.selection_weight)))
     halves = [[q for q in questions if paragraph[q["id"]] % 2 == h] for h in (0, 1)]
     print(f"{args.run}: {len(questions)} questions, halves of {len(halves[0])} / {len(halves[1])} questions "
           f"({len(set(paragraph.values()))} paragraphs)")
+    for name, half in (("the file", questions), ("half A", halves[0]), ("half B", halves[1])):
+        if not unanswerable_share(half):
+            print(f"{name} has no unanswerable question (SQuAD v1.1 data): no threshold is tuned on it (the "
+                  "questions scored at its settings are all answered) and no calibration is fitted on it")
     print("| k | F1 (threshold tuned on the file: upper bound) | F1 cross-fitted | EM | HasAns F1 | NoAns F1 | "
           "F1 at 50% unanswerable, threshold tuned on the other half (A->B, B->A, mean; abstaining: 50) | "
           "weights, retriever/selection (on the file; the halves) |")
@@ -106,7 +139,11 @@ def main():
             return views
 
         def tuned(qs):  # (weights, threshold) tuned on these questions
-            return tune(qs, lambda w: combined(qs, w), weights)
+            if unanswerable_share(qs):
+                return tune(qs, lambda w: combined(qs, w), weights)
+            # nothing to abstain on: threshold None, as for a SQuAD v1.1 reader; the weights (the smaller on equal
+            # F1, as tune picks them) by the F1 of answering every question
+            return max(sorted(weights), key=lambda w: scores(qs, combined(qs, w), None)["f1"]), None
 
         weight, threshold = tuned(questions)
         upper = scores(questions, combined(questions, weight), threshold)
@@ -122,14 +159,18 @@ def main():
             shifted.append((other.get("HasAns_f1", float("nan")) + other.get("NoAns_f1", float("nan"))) / 2)
         crossed = _scores_at_own_thresholds(answered, views)
         if args.abstain_on == "ratio":
-            calibrated_lines.append((k, *_calibrated_across(halves, combined, half_settings)))
+            calibrated_lines.append((k, _calibrated_across(halves, combined, half_settings)))
         print(f"| {k} | {upper['f1']:.2f} | {crossed['f1']:.2f} | {crossed['exact']:.2f} | "
               f"{crossed.get('HasAns_f1', float('nan')):.2f} | {crossed.get('NoAns_f1', float('nan')):.2f} | "
               f"{shifted[1]:.2f}, {shifted[0]:.2f}, {sum(shifted) / 2:.2f} | "
               f"{_pair(weight)}; {_pair(half_settings[1][0])}, {_pair(half_settings[0][0])} |")
         if args.abstain_on == "probability":
             calibration.append((k, *_calibration(questions, combined(questions, weight))))
-    for k, ece, brier, mean_p, share, moved in calibrated_lines:
+    for k, fitted in calibrated_lines:
+        if isinstance(fitted, str):
+            print(f"k={k}: calibrated P(no answer) not fitted: {fitted}")
+            continue
+        ece, brier, mean_p, share, moved = fitted
         print(f"k={k}: calibrated P(no answer), fitted on the other half: expected calibration error {ece:.3f}, Brier "
               f"{brier:.3f} (mean P {mean_p:.3f}, share {share:.3f}); at 50% unanswerable with the cut moved by the "
               f"known share: {moved[1]:.2f}, {moved[0]:.2f}, mean {sum(moved) / 2:.2f}")
@@ -146,7 +187,11 @@ def _calibrated_across(halves, combined, settings):
     """The calibration fitted on each half and applied to the other: (ECE, Brier, mean P, share unanswerable) over
     both halves' questions, and per half the F1 reweighted to 50% unanswerable when its share is known: abstain
     where the calibrated probability, its odds moved from the tuning half's share to 1:1, passes the probability
-    that the tuning half's threshold stood for. `settings[h]`: (weights, threshold) tuned on the other half."""
+    that the tuning half's threshold stood for. `settings[h]`: (weights, threshold) tuned on the other half. A half
+    without an unanswerable question, or without an answerable one, fits no calibration: then why, instead."""
+    for name, half in (("half A", halves[0]), ("half B", halves[1])):
+        if unanswerable_share(half) in (0.0, 1.0):
+            return f"{name} has no {'unanswerable' if unanswerable_share(half) == 0 else 'answerable'} question"
     questions, probabilities, moved = [], [], []
     for h in (0, 1):
         tuning, scored = halves[1 - h], halves[h]
@@ -155,7 +200,7 @@ def _calibrated_across(halves, combined, settings):
         views = combined(scored, weight)
         questions += scored
         probabilities += [calibrated(c["null_minus_best"], calibration) for c in views]
-        share = sum(not q["answers"]["text"] for q in tuning) / len(tuning)
+        share = unanswerable_share(tuning)
         shift = -math.log(share / (1 - share))  # to odds 1:1
         decided = [dict(c, null_minus_best=calibration_logit(c["null_minus_best"], calibration) + shift)
                    for c in views]
@@ -179,7 +224,8 @@ def _calibration(questions, views) -> tuple[float, float, float, float]:
 
 def _scores_at_own_thresholds(questions, views):
     """scores() where each question carries its own threshold: abstaining is decided first, then scored at None."""
-    decided = [c if c["null_minus_best"] <= c["threshold"] else dict(c, text="") for c in views]
+    decided = [c if c["threshold"] is None or c["null_minus_best"] <= c["threshold"] else dict(c, text="")
+               for c in views]
     return scores(questions, decided, None)
 
 

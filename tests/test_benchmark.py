@@ -90,3 +90,58 @@ def test_the_crossfit_rescoring_measures_the_shift_and_the_calibration_of_a_shar
     # one probability for all: a tuned threshold answers every question (every answer right: F1 100 on HasAns, 0 on
     # NoAns) or abstains on all; reweighted to half unanswerable either way scores 50
     assert row[-2].split(", ")[-1] == "50.00"  # (the last column: the retriever weights tuned)
+
+
+def _write_details(run, questions, passages_of):
+    import json
+
+    run.mkdir()
+    with open(run / "details.jsonl", "w") as f:
+        for i, q in enumerate(questions):
+            answer = q["answers"]["text"][0] if q["answers"]["text"] else "nothing"
+            f.write(json.dumps({"id": q["id"], "passages": passages_of(i, answer)}) + "\n")
+
+
+def test_the_crossfit_rescoring_of_questions_that_all_have_an_answer_fits_no_threshold_and_no_calibration(tmp_path):
+    """SQuAD v1.1 data: a half without an unanswerable question has nothing to tune a no-answer threshold or fit a
+    calibration on. Its threshold is None (the other half answers every question, as a SQuAD v1.1 reader does), the
+    calibration is reported as not fitted, and the run is scored, not a math domain error."""
+    import json
+
+    from utils.squad.files import load_questions
+
+    squad = json.load(open(f"{SAMPLE}/dev.json"))
+    for article in squad["data"]:
+        for p in article["paragraphs"]:
+            p["qas"] = [qa for qa in p["qas"] if qa["answers"] and not qa.get("is_impossible")]
+        article["paragraphs"] = [p for p in article["paragraphs"] if p["qas"]]
+    v1 = tmp_path / "v1.json"
+    v1.write_text(json.dumps(squad))
+    questions = load_questions(str(v1))
+    assert questions and all(q["answers"]["text"] for q in questions)
+    run = tmp_path / "qa"
+    # the first passage holds the right answer, read less surely than its no-answer for some questions
+    _write_details(run, questions, lambda i, answer: [
+        {"passage_id": "a", "score": 1.0, "span": answer, "span_score": 2.0 + i % 3, "null_score": 1.0 + i % 5},
+        {"passage_id": "b", "score": 0.5, "span": "nothing", "span_score": 0.0, "null_score": 3.0}])
+    proc = run_script("benchmarks/qa_crossfit.py", "--run", run, "--questions", v1, "--k", 1, 2)
+    row = next(x for x in proc.stdout.splitlines() if x.startswith("| 1 |")).split(" | ")
+    assert row[1] == row[2] == "100.00"  # every question answered, and rightly: upper bound and cross-fitted
+    assert "no unanswerable question" in proc.stdout
+    assert "k=1: calibrated P(no answer) not fitted" in proc.stdout
+
+
+def test_the_crossfit_rescoring_refuses_a_k_beyond_the_passages_the_run_read(tmp_path):
+    """A k above the run's largest would be scored with the passages there are, under the k asked for."""
+    from conftest import assert_user_error
+
+    from utils.squad.files import load_questions
+
+    run = tmp_path / "qa"
+    _write_details(run, load_questions(f"{SAMPLE}/dev.json"), lambda i, answer: [
+        {"passage_id": "a", "score": 1.0, "span": answer, "span_score": 2.0, "null_score": 1.0},
+        {"passage_id": "b", "score": 0.5, "span": "nothing", "span_score": 0.0, "null_score": 3.0}])
+    proc = run_script("benchmarks/qa_crossfit.py", "--run", run, "--questions", f"{SAMPLE}/dev.json", "--k", 1, 3,
+                      check=False)
+    assert_user_error(proc, "--k 3")
+    assert "2 passages" in proc.stderr and "| 1 |" not in proc.stdout
