@@ -8,7 +8,8 @@ from conftest import SAMPLE
 from utils.loop.errors import UserError
 from utils.squad.files import load_squad
 from utils.squad.answers import answer_patterns, holds_answer, normalized
-from utils.retriever.data import evaluation_corpus, load_dpr, load_passages, passage_key, training_passages
+from utils.retriever.data import (byte_ranges, evaluation_corpus, load_dpr, load_passages, passage_key, stream_passages,
+                                  training_passages)
 from utils.retriever.make_dpr_data import build
 from utils.retriever.make_dpr_data import main as convert
 
@@ -38,6 +39,25 @@ def test_evaluation_corpus_adds_missing_gold_passages():
     assert [c["passage_id"] for c in corpus] == ["p1", "p2", "p9"] and added == 1
     corpus, added = evaluation_corpus([q("a", "p1", hard=["h"])], None)
     assert [c["passage_id"] for c in corpus] == ["p1", "h"] and added == 0
+
+
+@pytest.mark.parametrize("name", ["corpus.jsonl", "corpus.json"])
+def test_one_json_lines_reader_takes_line_and_paragraph_separators_inside_a_passage_as_json_does(tmp_path, name):
+    """JSON lines are split at "\n" only: U+2028, U+2029 and U+0085 are legal raw in a JSON string. The corpus
+    loader (qa_system.py, BM25, Retriever.index) broke lines at them too (str.splitlines), so a corpus that
+    index_corpus.py streamed (split at "\n") was refused there; both read the lines alike now, and report a bad
+    line by the same number."""
+    texts = ["a line\u2028separator", "a paragraph\u2029separator", "a next\u0085line", "crlf ends this line"]
+    lines = [json.dumps(ctx(f"p{i}", t), ensure_ascii=False) for i, t in enumerate(texts)]
+    path = tmp_path / name
+    path.write_bytes(("\n".join(lines[:3]) + "\n\n" + lines[3] + "\r\n").encode("utf-8"))
+    loaded = load_passages(str(path))
+    streamed = [p for start, stop in byte_ranges(str(path), 2) for p, _, _ in stream_passages(str(path), start, stop)]
+    assert loaded == streamed and [p["text"] for p in loaded] == texts
+    path.write_bytes(path.read_bytes() + b'{"passage_id": "p9", "text": \n')
+    for read in (lambda: load_passages(str(path)), lambda: list(stream_passages(str(path), 0, path.stat().st_size))):
+        with pytest.raises(UserError, match=f"{name}: line 6: not valid JSON"):
+            read()
 
 
 def test_passage_key_falls_back_to_text():

@@ -1,5 +1,8 @@
 """JSON files in and out. Reading: a missing, unreadable or malformed file is a one-line UserError naming the file
-(and, for JSON lines, the line). Writing: strict JSON, which most JSON readers require: Python's json would write
+(and, for JSON lines, the line). JSON lines are read by one reader (`json_lines`, `parse_json_line`), for a whole
+file (`read_json`) as for a byte range of a corpus streamed in shards (utils.retriever.data.stream_passages): lines
+end at "\n" only, as JSON lines defines them (U+2028, U+2029 and U+0085, which str.splitlines also breaks at, are
+legal raw inside a JSON string), and a line of JSON whitespace only is blank, skipped but counted. Writing: strict JSON, which most JSON readers require: Python's json would write
 Infinity and NaN for numbers that are not finite; they are written as null. Every JSON file of the project is written
 by `write_json_file`: to a temporary name, flushed to disk, renamed into place, so that a reader (or a resumed job
 after a crash) never sees half a file."""
@@ -36,14 +39,44 @@ def read_json(path: str, line_numbers: bool = False):
             if err.msg != "Extra data":  # "Extra data": more than one value, i.e. JSON lines in a .json file
                 raise UserError(f"{path}: not valid JSON ({err})") from None
     rows, numbers = [], []
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}: line {number}: not valid JSON ({err.msg}, column {err.colno})") from None
+    try:
+        for number, _, raw in json_lines(path):
+            rows.append(parse_json_line(path, number, raw))
             numbers.append(number)
+    except OSError as err:
+        raise UserError(f"{path}: cannot read it ({err.strerror or err})") from None
     return (rows, numbers) if line_numbers else rows
+
+
+JSON_WHITESPACE = b" \t\r\n"
+
+
+def json_lines(path: str, start: int = 0, stop: int | None = None, first_line: int = 1):
+    """(line number, byte offset, raw bytes) of every non-blank line of a JSON-lines file that starts between two
+    byte offsets (`stop` None: the end of the file), lines ending at "\n" only. `first_line`: the number of the
+    range's first line, for the errors (the lines before it are not read)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        number, at = first_line, start
+        while stop is None or at < stop:
+            raw = f.readline()
+            if not raw:
+                break
+            if raw.strip(JSON_WHITESPACE):
+                yield number, at, raw
+            number, at = number + 1, at + len(raw)
+
+
+def parse_json_line(path: str, number: int, raw: bytes):
+    """One line of `json_lines` as a JSON value; not UTF-8 or not JSON is a one-line UserError naming the line."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: line {number}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}: line {number}: not valid JSON ({err.msg}, column {err.colno})") from None
 
 
 def json_safe(obj):

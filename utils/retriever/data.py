@@ -7,13 +7,12 @@ it (the passage itself, or one of its sentence windows) by its text key.
 """
 
 import hashlib
-import json
 import os
 
 import numpy as np
 
 from utils.loop.errors import UserError
-from utils.loop.jsonfiles import read_json
+from utils.loop.jsonfiles import json_lines, parse_json_line, read_json
 
 
 def _check_ctx(ctx, path, where):
@@ -108,7 +107,8 @@ def byte_ranges(path: str, parts: int) -> list[tuple[int, int]]:
 
 
 def stream_passages(path: str, start: int, stop: int, first_line: int = 1):
-    """(passage, raw line, line number) of the JSON-lines corpus between two byte offsets (`byte_ranges`), checked
+    """(passage, raw line, line number) of the JSON-lines corpus between two byte offsets (`byte_ranges`), its lines
+    read by the one JSON-lines reader (utils.loop.jsonfiles.json_lines, as `load_passages` reads a whole file), checked
     one by one as `load_passages` checks them (uniqueness of the ids is the caller's: it spans the whole corpus).
     `first_line`: the number of the range's first line, where known, for the errors."""
     if path.endswith(".json") and start == 0:
@@ -117,20 +117,8 @@ def stream_passages(path: str, start: int, stop: int, first_line: int = 1):
         if head == b"[":
             raise UserError(f"{path}: a JSON list: give the corpus as JSON lines (one passage per line) to index it "
                             "in shards")
-    with open(path, "rb") as f:
-        f.seek(start)
-        number = first_line
-        while f.tell() < stop:
-            raw = f.readline()
-            if not raw:
-                break
-            if raw.strip():
-                try:
-                    row = json.loads(raw)
-                except ValueError as err:
-                    raise UserError(f"{path}: line {number}: not valid JSON ({err})") from None
-                yield check_passage(row, path, f"line {number}"), raw, number
-            number += 1
+    for number, _, raw in json_lines(path, start, stop, first_line):
+        yield check_passage(parse_json_line(path, number, raw), path, f"line {number}"), raw, number
 
 
 def count_lines(path: str, start: int, stop: int) -> int:

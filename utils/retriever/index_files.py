@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from utils.loop.errors import UserError
-from utils.loop.jsonfiles import json_line, write_json_file
+from utils.loop.jsonfiles import json_line, json_lines, write_json_file
 
 INDEX_FILE, FORMAT = "index.json", 3
 VECTORS, OWNER, PASSAGES, OFFSETS, PROGRESS = "vectors.bin", "owner.bin", "passages.jsonl", "offsets.bin", "progress.json"
@@ -145,9 +145,8 @@ class PassageLines:
         return json.loads(self._file.readline())
 
     def __iter__(self):
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                yield json.loads(line)
+        for _, _, raw in json_lines(self.path):
+            yield json.loads(raw)
 
 
 class PassageStore:

@@ -14,7 +14,7 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 
 from utils.loop.errors import UserError
-from utils.loop.jsonfiles import write_json_file
+from utils.loop.jsonfiles import json_lines, write_json_file
 from utils.retriever.bm25 import BM25
 from utils.retriever.data import byte_ranges, count_lines, stream_passages
 from utils.retriever.index import check_index_target, manifest
@@ -72,17 +72,7 @@ def check_corpus(accelerator, path: str, chunk_passages: int) -> dict:
 
 def _line_offsets(path: str, start: int, stop: int) -> np.ndarray:
     """The byte offset of every non-blank line between two offsets (where each passage of the range starts)."""
-    out = []
-    with open(path, "rb") as f:
-        f.seek(start)
-        while f.tell() < stop:
-            at = f.tell()
-            raw = f.readline()
-            if not raw:
-                break
-            if raw.strip():
-                out.append(at)
-    return np.asarray(out, dtype=np.int64)
+    return np.asarray([at for _, at, _ in json_lines(path, start, stop)], dtype=np.int64)
 
 
 def _id_hash(ident: str) -> int:
