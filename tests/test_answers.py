@@ -1,12 +1,14 @@
-"""One answer matcher (utils.squad.answers) for the converter, sentence windows and refreshed negatives: SQuAD-normalised
-text, whole tokens only, so that one- and two-character answers do not match inside words."""
+"""One answer matcher (utils.squad.answers) for the converter, sentence windows, refreshed negatives and the spans the
+reader's extra passages are labelled with: SQuAD-normalised text, whole tokens only, so that one- and two-character
+answers do not match inside words."""
 
 import json
 
 import numpy as np
 
 from utils.squad.files import load_squad
-from utils.squad.answers import answer_patterns, holds_answer, normalized
+from utils.squad.answers import answer_patterns, answer_spans, holds_answer, normalized
+from utils.reader.passages import passage_pools
 from utils.retriever.make_dpr_data import build
 from utils.retriever.negatives import select_negatives
 from utils.retriever.sentence_windows import training_windows
@@ -23,6 +25,25 @@ def test_answers_match_whole_tokens_of_the_normalised_text():
     assert holds("The Beatles played.", "the Beatles") and holds("A tour of THE  U.S. Army", "U.S. army")
     assert holds("Matilda Reyes's plans", "Matilda Reyes") is False  # "reyess": the SQuAD normalisation's own cut
     assert answer_patterns([".", "the", "", None, 7, "  "]) == [] and not holds("the end.", ".", "the")
+
+
+def test_the_spans_labelled_are_the_occurrences_the_matcher_finds():
+    """An occurrence of an answer's exact text is labelled as a span exactly when the matcher finds the answer there:
+    "Ada" is not in "Ada's" ("adas" once normalised) nor "loom" in "loom-makers" ("loommakers"), so a passage that
+    holds them only so is neither labelled nor said to hold the answer; it is a negative."""
+    cases = [("Adams and Ada's loom-makers", "Ada", []), ("Adams and Ada's loom-makers", "loom", []),
+             ("Ada's loom, built by Ada.", "Ada", [(21, 24)]), ("the U.S.A. army", "U.S", []),
+             ("the U.S.A. and the U.S. army", "U.S", [(19, 22)]), ("Henry V died in 1422.", "V", [(6, 7)]),
+             ("Vienna", "V", []), ("It rose by 3% that year.", "3%", [(11, 13)]), ("it's late", "it", [])]
+    for text, answer, spans in cases:
+        assert answer_spans(text, [answer]) == spans, (text, answer)
+        assert bool(spans) == holds(text, answer), (text, answer)
+    # the pools of the reader's extra passages: "Ada's" alone neither labels a span nor hides a positive
+    passages = [{"passage_id": "0", "title": "Mill", "text": "Ada's loom stood in the mill."},
+                {"passage_id": "1", "title": "Ada", "text": "It was Ada who built the loom."}]
+    example = {"question": "Who built the loom?", "context": "Ada built a loom.", "answers": {"text": ["Ada"]}}
+    (pool,) = passage_pools([example], passages, 2)
+    assert sorted(pool, key=lambda x: x["passage"]) == [{"passage": 0, "spans": []}, {"passage": 1, "spans": [(7, 10)]}]
 
 
 def ctx(pid, text):

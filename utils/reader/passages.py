@@ -5,16 +5,17 @@ Per question, a pool of its best-ranked passages of a corpus (BM25's, or a train
 left out (it is always read); every epoch draws `passages_per_question - 1` of the pool anew, a pure function of
 (seed, epoch, question), so a resumed run draws what the interrupted one would have. A retrieved passage that holds
 one of an answerable question's answer strings (utils.squad.answers: normalised, whole tokens) is trained as a
-positive, every occurrence of the answer in it a target, as facebookresearch/DPR's reader does: the QA system is
-right to answer from any passage that says the answer, and calling it unanswerable would teach the reader to doubt
-the very passages it should answer from. One where the string only matches after normalisation (other case or
-punctuation), so that no span of it can be labelled, is left out of the pool: it is neither a clean positive nor a
-negative. Passages read with an unanswerable question are all negatives.
+positive, every occurrence of the answer in it that the same matcher counts a target
+(utils.squad.answers.answer_spans), as facebookresearch/DPR's reader does: the QA system is right to answer from any
+passage that says the answer, and calling it unanswerable would teach the reader to doubt the very passages it should
+answer from. One where the string only matches after normalisation (other case or punctuation), so that no span of it
+can be labelled, is left out of the pool: it is neither a clean positive nor a negative. Passages read with an
+unanswerable question are all negatives.
 """
 
 import numpy as np
 
-from utils.squad.answers import answer_patterns, holds_answer, normalized
+from utils.squad.answers import answer_patterns, answer_spans, holds_answer, normalized
 
 POOL_PER_PASSAGE = 4  # a question's pool: this many candidates per passage drawn each epoch
 
@@ -33,21 +34,6 @@ def ranked_passages(examples: list[dict], passages: list[dict], depth: int, retr
     where = {p["passage_id"]: i for i, p in enumerate(passages)}
     hits = Retriever(retriever_dir).index(passages, bm25=False, progress=False).search(questions, depth)
     return [[where[h["passage_id"]] for h in row] for row in hits]
-
-
-def answer_spans(text: str, answers: list[str]) -> list[tuple[int, int]]:
-    """Character spans of every occurrence of every answer string in `text`: the exact text, as a span is labelled,
-    and whole words only ("Ada" is not labelled inside "Adams"), as utils.squad.answers matches them."""
-    spans = set()
-    for answer in answers:
-        at = text.find(answer)
-        while answer and at != -1:
-            end = at + len(answer)
-            if not (at > 0 and text[at - 1].isalnum() and answer[0].isalnum()) and \
-                    not (end < len(text) and text[end].isalnum() and answer[-1].isalnum()):
-                spans.add((at, end))
-            at = text.find(answer, at + 1)
-    return sorted(spans)
 
 
 def passage_pools(examples: list[dict], passages: list[dict], count: int, retriever_dir: str | None = None
