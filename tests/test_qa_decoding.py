@@ -65,5 +65,6 @@ def test_a_log_sum_exp_over_nothing_but_minus_infinity_is_minus_infinity():
                "null_start": -math.inf, "null_end": -math.inf, "lse_start": 0.0, "lse_end": 0.0}
     both = combine([reading, dict(reading, passage_id="b")], shared=True)
     assert both["null_minus_best"] == -math.inf and both["no_answer_probability"] == 0.0
-    assert logsumexp([]) == logsumexp(np.full(3, -np.inf, dtype=np.float32)) == logsumexp(iter([-math.inf])) == -math.inf
+    assert logsumexp([]) == logsumexp(np.full(3, -np.inf, dtype=np.float32)) == -math.inf
+    assert logsumexp(iter([-math.inf])) == -math.inf  # any iterable, as the answer rule passes them
     assert logsumexp([0.0, 0.0]) == math.log(2) and logsumexp([1.0, math.inf]) == math.inf
