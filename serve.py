@@ -16,8 +16,8 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 
 Requests that arrive within --max_wait_ms of each other are answered in one pass (up to --max_batch questions):
 under load a pass is a batch, not one question (utils/system/batcher.py; benchmarks/serve_benchmark.py measures it).
-Bad requests get a 4xx JSON error naming the field; SIGTERM (or Ctrl-C) stops taking requests, finishes the ones
-in flight and exits 0.
+Bad requests get a 4xx JSON error naming the field (a body over --max_body_bytes: 413, before it is read whole);
+SIGTERM (or Ctrl-C) stops taking requests, finishes the ones in flight and exits 0.
 """
 
 import logging
@@ -44,13 +44,15 @@ class ServeArgs(SystemArgs):
     max_k: int = arg(20, "The largest k a request may ask for.")
     max_questions: int = arg(16, "Questions one request may carry.")
     max_question_chars: int = arg(1000, "The longest question, in characters.")
+    max_body_bytes: int = arg(1 << 20, "The largest request body, in bytes: a larger one is refused (413) before it "
+                                       "is read whole or parsed.")
     max_batch: int = arg(32, "Questions answered together in one pass (retrieval and reading batched); 1: one at a "
                              "time.")
     max_wait_ms: float = arg(5.0, "How long a pass waits for more questions to arrive before it starts.")
 
     def validate(self) -> None:
         self.validate_system()
-        check_at_least_one(self, "k", "max_k", "max_questions", "max_question_chars", "max_batch")
+        check_at_least_one(self, "k", "max_k", "max_questions", "max_question_chars", "max_batch", "max_body_bytes")
         if self.k > self.max_k or self.max_k > 100:
             raise UserError(f"--k ({self.k}) must be at most --max_k ({self.max_k}), and --max_k at most 100")
         if self.max_questions > self.max_batch and self.max_batch > 1:
@@ -81,7 +83,7 @@ def main(argv=None):
         os.kill(os.getpid(), signal.SIGTERM)
 
     limits = Limits(k=args.k, max_k=args.max_k, max_questions=args.max_questions,
-                    max_question_chars=args.max_question_chars)
+                    max_question_chars=args.max_question_chars, max_body_bytes=args.max_body_bytes)
     threshold = "recorded" if args.no_answer_threshold is None else args.no_answer_threshold
     app = create_app(load_system, limits, args.max_batch, args.max_wait_ms / 1000, threshold, on_load_failure)
 

@@ -158,6 +158,18 @@ def test_a_bad_question_fails_its_own_request_only(server, expected):
         assert status == 200 and body["answers"][0]["answer"] == (answers[i]["answer"] or None), body
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_body_over_max_body_bytes_is_refused_unread_and_unparsed(server, chunked):
+    """Beyond --max_body_bytes (the default here) a request is a 413 JSON error naming the body, by its
+    Content-Length or, for a chunked body (which has none), as it arrives: not read whole, not parsed."""
+    body = json.dumps({"question": ["Who?"] * 300_000}).encode()  # more than the default, in JSON that parses
+    assert len(body) > 1 << 20
+    chunks = (body[i:i + 65536] for i in range(0, len(body), 65536))
+    status, answer = server.request("/ask", raw=chunks if chunked else body)
+    assert status == 413 and answer["field"] == "body" and answer["error"].startswith("body: "), answer
+    assert server.ask("Who designed the Corran lighthouse?")[0] == 200
+
+
 def test_concurrent_clients_are_answered_correctly_in_shared_passes(server, expected):
     """16 clients x 20 questions at once: every answer right, no error, no hang; questions share passes."""
     questions, answers = expected
@@ -250,5 +262,8 @@ def test_a_bad_start_is_a_one_line_error_and_the_default_address_is_loopback(tra
     proc = run_script("serve.py", "--retriever", retriever, "--reader", str(tmp_path / "nowhere"), "--passages",
                       f"{SAMPLE}/dpr_passages.jsonl", check=False)
     assert_user_error(proc, "nowhere: no such directory")
+    proc = run_script("serve.py", "--retriever", retriever, "--reader", reader, "--passages",
+                      f"{SAMPLE}/dpr_passages.jsonl", "--max_body_bytes", 0, check=False)
+    assert_user_error(proc, "--max_body_bytes must be at least 1")
     from serve import ServeArgs
     assert ServeArgs.__dataclass_fields__["host"].default == "127.0.0.1"

@@ -37,11 +37,61 @@ class Limits(BaseModel):
     max_k: int = 20
     max_questions: int = 16  # per request
     max_question_chars: int = 1000
+    max_body_bytes: int = 1 << 20  # per request
 
 
 class BadRequest(Exception):
     def __init__(self, field: str, message: str, status: int = 422):
         self.field, self.message, self.status = field, message, status
+
+
+class BodyLimit:
+    """ASGI middleware: a request whose body is over `max_bytes` is answered 413 (JSON, naming the body) by its
+    Content-Length, or as it arrives when it has none (a chunked body), before the app reads it whole or parses it;
+    one within the limit reaches the app as it came."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            # a client that waits for "100 Continue" before it sends the body sends none: nothing to drop
+            return await self.refuse(receive, send, more=headers.get(b"expect", b"").lower() != b"100-continue")
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":  # the client went: nobody to answer
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_bytes:
+                return await self.refuse(receive, send, more)
+        replayed = False
+
+        async def replay():  # the body read, then what the client sends next (its disconnect)
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def refuse(self, receive, send, more: bool):
+        """The 413 at once; the rest of the body is then read and dropped as it arrives, never held: a client still
+        sending it (one that asked to close the connection after the answer too) gets the answer, not a reset."""
+        error = JSONResponse({"error": f"body: over {self.max_bytes} bytes", "field": "body"}, status_code=413)
+        await send({"type": "http.response.start", "status": error.status_code, "headers": error.raw_headers})
+        await send({"type": "http.response.body", "body": error.body, "more_body": True})
+        while more:
+            message = await receive()
+            more = message["type"] == "http.request" and message.get("more_body", False)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def check_request(body: AskRequest, limits: Limits) -> tuple[list[str], int]:
@@ -99,6 +149,7 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
     app = FastAPI(title="qa-amp QA system", lifespan=lifespan,
                   description="Answers questions over a corpus with a trained retriever and reader.")
     app.state.batcher = batcher
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
