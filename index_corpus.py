@@ -48,7 +48,8 @@ class IndexArgs:
     chunk_passages: int = arg(4096, "Passages embedded and written at a time: the unit of resuming, and of memory.")
     bm25: Optional[bool] = arg(None, "Also build BM25 over the corpus, for the hybrid (it holds the corpus's terms "
                                      "in memory). Default: when the retriever has a recorded hybrid weight.")
-    overwrite_output_dir: bool = arg(False, "Replace an existing complete index in --output_dir.")
+    overwrite_output_dir: bool = arg(False, "Replace an existing index (or another run's outputs) in --output_dir; a "
+                                            "directory this project did not write is refused even so.")
 
     def validate(self) -> None:
         if not self.retriever or not self.passages or not self.output_dir:

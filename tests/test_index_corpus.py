@@ -160,6 +160,27 @@ def test_a_changed_corpus_or_retriever_or_layout_is_refused(retriever, tiny_bert
     assert not fresh.exists()
 
 
+def test_overwrite_refuses_a_directory_not_written_by_this_project_and_one_holding_the_corpus(retriever, tmp_path):
+    """--overwrite_output_dir emptied any directory holding a file named index.json (a manifest that did not parse
+    was ignored), and an index directory that holds the corpus being indexed (deleting the corpus)."""
+    from test_retriever_api import a_users_project
+
+    project = tmp_path / "project"
+    contents = a_users_project(project)
+    assert_user_error(run_script("index_corpus.py", *index_args(retriever, project, "--overwrite_output_dir"),
+                                 check=False), "not empty and not an index")
+    assert sorted(str(p.relative_to(project)) for p in project.rglob("*")) == contents
+    index, _ = synthetic_index(n=40, dim=4)
+    index.save(str(tmp_path / "index"))
+    corpus = tmp_path / "index" / "corpus.jsonl"
+    shutil.copy(f"{SAMPLE}/dpr_passages.jsonl", corpus)
+    assert_user_error(run_script("index_corpus.py", *index_args(retriever, tmp_path / "index", "--overwrite_output_dir",
+                                                                corpus=corpus), check=False),
+                      "holds the corpus being indexed")
+    assert corpus.read_bytes() == open(f"{SAMPLE}/dpr_passages.jsonl", "rb").read()
+    assert Index.load(str(tmp_path / "index")).count == 40
+
+
 def synthetic_index(n=4000, dim=32, clusters=40, seed=0):
     """Clustered unit vectors (real embeddings cluster; uniform random ones are the worst case of any IVF)."""
     rng = np.random.default_rng(seed)

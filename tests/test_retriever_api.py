@@ -201,6 +201,44 @@ def test_saving_an_index_destroys_nothing_that_is_not_an_index_and_replaces_an_i
     assert sorted(os.listdir(tmp_path)) == ["index", "notes.txt", "reader"]  # no staging directory left behind
 
 
+def tiny_index(n=3):
+    """An index of n passages with made-up vectors: what saving does not depend on."""
+    from utils.retriever.search import Vectors
+
+    built_by = {"model": "tiny", "passage_encoder": "-", "settings": {}, "precision": "no"}
+    passages = [{"passage_id": f"p{i}", "title": "", "text": f"text {i}"} for i in range(n)]
+    return Index([Vectors(np.eye(n, 4, dtype=np.float32), None, n, 0)], passages, None, built_by)
+
+
+def a_users_project(directory):
+    """A user's directory that happens to hold a file named index.json."""
+    directory.mkdir()
+    (directory / "index.json").write_text('{"name": "my-web-app"}')
+    (directory / "notes.txt").write_text("mine")
+    (directory / "src").mkdir()
+    (directory / "src" / "main.py").write_text("print('mine')")
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
+
+
+def test_overwriting_replaces_only_a_directory_this_project_wrote_not_any_with_an_index_json(tmp_path):
+    """overwrite=True emptied every directory holding a file named index.json: only an index manifest of this
+    project, or a run's marker (.qa-amp.json), makes a directory ours to replace."""
+    project = tmp_path / "project"
+    contents = a_users_project(project)
+    for overwrite in (False, True):
+        with pytest.raises(UserError, match="not empty and not an index"):
+            tiny_index().save(str(project), overwrite=overwrite)
+        assert sorted(str(p.relative_to(project)) for p in project.rglob("*")) == contents
+    model = tmp_path / "model"  # a run's outputs (a trained model): replaced with overwrite only
+    model.mkdir()
+    (model / ".qa-amp.json").write_text('{"script": "train_reader.py", "state": "published"}')
+    (model / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="pass overwrite=True"):
+        tiny_index().save(str(model))
+    tiny_index().save(str(model), overwrite=True)
+    assert Index.load(str(model)).count == 3 and not (model / "config.json").exists()
+
+
 def test_an_index_built_by_another_retriever_or_a_retrained_one_is_refused(trained, tiny_bert_dir, tmp_path):
     other = str(tmp_path / "other")  # the same settings, other weights
     run_script("train_dpr.py", "--query_model_name_or_path", tiny_bert_dir, "--passage_model_name_or_path",

@@ -25,11 +25,11 @@ import numpy as np
 
 from utils.loop.errors import UserError
 from utils.loop.jsonfiles import write_json_file
-from utils.loop.output_dir import staged_directory
+from utils.loop.output_dir import read_marker, staged_directory
 from utils.retriever.bm25 import BM25
 from utils.retriever.fusion import convex_fusion, gather_candidates
-from utils.retriever.index_files import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, content_hash, map_shard,
-                                         read_manifest, shard_name)
+from utils.retriever.index_files import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, content_hash,
+                                         holds_index_manifest, map_shard, read_manifest, shard_name)
 from utils.retriever.questions import question_list
 from utils.retriever.search import Vectors, score_shards, search_shards
 from utils.retriever.shards import shard as share_of
@@ -207,16 +207,27 @@ def manifest(built_by: dict, dtype: str, dimension: int, passages: int, shards: 
             **({"corpus": corpus} if corpus else {})}
 
 
-def check_index_target(directory: str, overwrite: bool) -> None:
-    """Where an index may be written: a new or empty directory, or an index with `overwrite`; never a file or a
-    directory holding anything else (one-line errors)."""
+def check_index_target(directory: str, overwrite: bool, flag: str = "overwrite=True") -> None:
+    """Where an index may be written: a new or empty directory, or with `overwrite` (`flag`: how the caller's user
+    asks for it) one this project wrote and marked: an index (its manifest, utils.retriever.index_files) or a run's
+    outputs (the marker of utils.loop.output_dir). Anything else, a file or a directory that merely holds a file
+    named index.json, is refused even with `overwrite`: replacing it would delete a user's data (one-line errors)."""
     if os.path.lexists(directory) and not os.path.isdir(directory):
         raise UserError(f"{directory}: is a file, not a directory: save the index to a new or empty directory")
-    if os.path.isdir(directory) and os.listdir(directory):
-        if not os.path.isfile(os.path.join(directory, INDEX_FILE)):
-            raise UserError(f"{directory}: not empty and not an index: save the index to a new or empty directory")
+    if not os.path.isdir(directory) or not os.listdir(directory):
+        return
+    if holds_index_manifest(directory):
         if not overwrite:
-            raise UserError(f"{directory}: holds an index already: pass overwrite=True to replace it")
+            raise UserError(f"{directory}: holds an index already: pass {flag} to replace it")
+        return
+    marker = read_marker(directory)
+    if isinstance(marker, dict) and "state" in marker:  # written by a run of ours (output_dir's rule)
+        if not overwrite:
+            raise UserError(f"{directory}: holds the outputs of a run of this project (by {marker.get('script')}): "
+                            f"pass {flag} to replace them with the index")
+        return
+    raise UserError(f"{directory}: not empty and not an index of this project: save the index to a new or empty "
+                    f"directory (a directory this project did not write is never replaced, even with {flag})")
 
 
 def check_k(k) -> None:

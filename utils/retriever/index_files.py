@@ -25,11 +25,25 @@ from utils.loop.errors import UserError
 from utils.loop.jsonfiles import json_line, json_lines, write_json_file
 
 INDEX_FILE, FORMAT = "index.json", 3
+MANIFEST_FIELDS = ("model", "passage_encoder", "settings", "precision", "dimension", "dtype", "passages", "shards",
+                   "complete")
 VECTORS, OWNER, PASSAGES, OFFSETS, PROGRESS = "vectors.bin", "owner.bin", "passages.jsonl", "offsets.bin", "progress.json"
 
 
 def shard_name(i: int) -> str:
     return f"shard-{i:05d}"
+
+
+def holds_index_manifest(directory: str) -> bool:
+    """Whether `directory` holds an index manifest of this project (of any format version: an index to build
+    again is still ours): index.json parses to an object with "format" and every field `read_manifest` needs. A
+    file that is merely named index.json (a web app's, say) is not one."""
+    try:
+        with open(os.path.join(directory, INDEX_FILE), encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "format" in meta and all(k in meta for k in MANIFEST_FIELDS)
 
 
 def read_manifest(directory: str, complete: bool = True) -> dict:
@@ -47,8 +61,7 @@ def read_manifest(directory: str, complete: bool = True) -> dict:
         raise UserError(f"{path}: malformed (no format)")
     if meta["format"] != FORMAT:
         raise UserError(f"{path}: index format {meta['format']}, this version reads {FORMAT}: index the corpus again")
-    missing = [k for k in ("model", "passage_encoder", "settings", "precision", "dimension", "dtype", "passages",
-                           "shards", "complete") if k not in meta]
+    missing = [k for k in MANIFEST_FIELDS if k not in meta]
     if missing:
         raise UserError(f"{path}: malformed (missing {', '.join(missing)})")
     if complete and not meta["complete"]:

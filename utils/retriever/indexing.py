@@ -130,15 +130,15 @@ def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retrie
     if accelerator.is_main_process:
         try:
             existing = read_manifest(out, complete=False) if os.path.isfile(os.path.join(out, INDEX_FILE)) else None
-        except UserError as err:  # an index of another format, say: replaced with overwrite, else refused
+        except UserError as err:  # an index of another format, say: with overwrite check_index_target decides
             existing, failure = None, None if overwrite else str(err)
         if existing and not overwrite:
             failure, meta = _resumable(out, existing, built_by, dtype, corpus)
         if failure is None and meta is None:
             try:
-                check_index_target(out, overwrite=overwrite)
+                check_index_target(out, overwrite, "--overwrite_output_dir")
                 if os.path.isdir(out) and overwrite:
-                    for name in os.listdir(out):  # an index's own files only (check_index_target vouched for it)
+                    for name in os.listdir(out):  # a directory of ours only (check_index_target vouched for it)
                         path = os.path.join(out, name)
                         shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
                 os.makedirs(out, exist_ok=True)
@@ -185,6 +185,10 @@ def build_index(accelerator, retriever, passages: str, output_dir: str, dtype: s
     retriever and layout. Returns the complete manifest. `bm25`: also build BM25 (default: when the retriever has
     a hybrid weight)."""
     world, rank = accelerator.num_processes, accelerator.process_index
+    corpus_path, out = os.path.realpath(passages), os.path.realpath(output_dir)
+    if os.path.commonpath([corpus_path, out]) == out:  # the same answer on every process: no collective needed
+        raise UserError(f"{output_dir}: holds the corpus being indexed ({passages}): give another --output_dir "
+                        "(replacing the directory would delete the corpus)")
     plan = check_corpus(accelerator, passages, chunk_passages)
     corpus = corpus_identity(passages, plan, world, chunk_passages)
     prepare_index_dir(accelerator, output_dir, dtype, overwrite, retriever, corpus)
