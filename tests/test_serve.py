@@ -21,17 +21,18 @@ from utils.squad.files import load_questions
 from utils.system.pipeline import QASystem
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+EMOJI = "\N{WATER WAVE}"  # beyond the BMP: two UTF-16 units in JavaScript, one character in Python
 
 
 class Server:
-    def __init__(self, models, tmp_path, *extra):
+    def __init__(self, models, tmp_path, *extra, passages=f"{SAMPLE}/dpr_passages.jsonl"):
         reader, retriever = models
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(tmp_path / f"serve-{self.port}.log", "w+")
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(ROOT, "serve.py"), "--retriever", retriever, "--reader", reader,
-             "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--port", str(self.port), *map(str, extra)],
+             "--passages", passages, "--port", str(self.port), *map(str, extra)],
             cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.time() + 120
         while True:
@@ -71,17 +72,29 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(trained_models, tmp_path_factory):
-    s = Server(trained_models, tmp_path_factory.mktemp("serve"))
+def passages(tmp_path_factory):
+    """The sample's corpus with a character beyond the BMP opening every passage: every answer's offsets count it
+    as Python does (one character), which JavaScript's strings do not (two UTF-16 units)."""
+    path = tmp_path_factory.mktemp("corpus") / "passages.jsonl"
+    with open(f"{SAMPLE}/dpr_passages.jsonl", encoding="utf-8") as f, open(path, "w", encoding="utf-8") as out:
+        for line in f:
+            p = json.loads(line)
+            out.write(json.dumps({**p, "text": f"{EMOJI} {p['text']}"}) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def server(trained_models, passages, tmp_path_factory):
+    s = Server(trained_models, tmp_path_factory.mktemp("serve"), passages=passages)
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
-def expected(trained_models):
+def expected(trained_models, passages):
     """QASystem.ask's answers on the sample's questions, at k = 3 (what qa_system.py answers with)."""
     questions = [q["question"] for q in load_questions(f"{SAMPLE}/dev.json")][:24]
-    qa = QASystem(trained_models[1], trained_models[0], passages=f"{SAMPLE}/dpr_passages.jsonl", device="cpu")
+    qa = QASystem(trained_models[1], trained_models[0], passages=passages, device="cpu")
     return questions, qa.ask(questions, k=3)
 
 
@@ -220,9 +233,9 @@ def test_the_page_shows_the_answer_highlighted_in_its_passage(server, expected, 
         page.fill("#k", "3")
         page.click("button[type=submit]")
         page.wait_for_selector("#answer-text", timeout=60000)
-        assert page.inner_text("#answer-mark") == answers[answered]["answer"]
+        assert page.inner_text("#answer-mark") == answers[answered]["answer"]  # at its offsets, past the emoji
         passage = page.inner_text("#answer-passage")
-        assert answers[answered]["answer"] in passage and len(passage) > len(answers[answered]["answer"])
+        assert passage.startswith(EMOJI) and answers[answered]["answer"] in passage[len(EMOJI):]
         assert len(page.query_selector_all("#passages li")) == 3
         page.screenshot(path=str(tmp_path / "answer.png"), full_page=True)
         assert (tmp_path / "answer.png").stat().st_size > 1000
