@@ -121,6 +121,24 @@ def test_the_api_ranks_as_the_training_run_did_and_the_index_round_trips(trained
     np.testing.assert_allclose([h[0]["score"] for h in hnsw], [h[0]["score"] for h in dense], rtol=1e-4)
 
 
+def test_the_hybrids_first_hits_do_not_depend_on_how_many_are_asked_for(trained):
+    """The hybrid's candidates (and the min-max normalisation over them) widened with k: the top 10 of a k = 10
+    search differed from the first 10 of a k = 400 one. They are each ranking's first hybrid_candidates now,
+    whatever k, so a deeper search only adds hits after them."""
+    questions = [q["question"] for f in ("dpr_dev.json", "dpr_train.json") for q in load_dpr(f"{SAMPLE}/{f}")]
+    retriever = Retriever(trained, device="cpu")
+    retriever.settings.hybrid_candidates = 4  # fewer than the corpus's passages: k goes past the candidates
+    index = retriever.index(f"{SAMPLE}/dpr_passages.jsonl", progress=False)
+    every = len(index.passages)
+    deep = index.search(questions, k=every, hybrid=True)
+    assert all(len(hits) == every for hits in deep)
+    assert all(len({h["passage_id"] for h in hits}) == every for hits in deep)  # each passage once
+    for k in (1, 3, 5, 8, 20):
+        assert index.search(questions, k=k, hybrid=True) == [hits[:k] for hits in deep], k
+    scores = np.array([[h["score"] for h in hits] for hits in deep])
+    assert (np.diff(scores, axis=1) <= 0).all()  # best first, the hits past the candidates included
+
+
 def test_a_saved_index_is_searched_without_warnings(trained, tmp_path):
     # Its vectors are a read-only memory map: handing a block of it to torch as is warned of undefined behaviour.
     Retriever(trained, device="cpu").index(f"{SAMPLE}/dpr_passages.jsonl", bm25=False, progress=False).save(

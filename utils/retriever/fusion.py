@@ -7,6 +7,12 @@ Each question's candidates are the union of the dense and the BM25 top `CANDIDAT
   tuned on labelled questions and recorded with the retriever (utils.retriever.settings);
 * reciprocal-rank fusion: sum over the two lists of 1 / (60 + rank), nothing tuned (0 from a list that misses it).
 A gold passage outside the candidates ranks after all of them: it would be no hit for any k up to their number.
+
+A search (`hybrid_ranking`, utils.retriever.index) ranks by the same rule: the candidates are each ranking's first
+`hybrid_candidates` whatever the number of hits asked for, so that a ranking's head does not depend on how deep one
+looks (widening them with k changed the normalisation, and with it the first hits). Past the candidates the rest of
+the dense ranking follows, in its order, each scored dense_weight x its dense score normalised as the candidates',
+capped at 0 (the lowest a candidate can score): the scores never increase down the list.
 """
 
 import warnings
@@ -77,19 +83,49 @@ def gather_candidates(dense_s, dense_i, lex_s, lex_i, lex_of_dense, dense_of_lex
     return Candidates(ids, dense, lexical, d_rank, l_rank)
 
 
-def _minmax(scores: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """Per row, over its valid candidates: (score - lowest) / (highest - lowest); a score that is not finite counts
-    as the row's lowest."""
+def _bounds(scores: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (as a column), the lowest and highest finite score of its valid candidates (NaN: none)."""
     s = np.where(valid & np.isfinite(scores), scores, np.nan)
     with warnings.catch_warnings():  # a row without a finite score: "All-NaN slice"
         warnings.simplefilter("ignore", RuntimeWarning)
-        low, high = np.nanmin(s, 1, keepdims=True), np.nanmax(s, 1, keepdims=True)
+        return np.nanmin(s, 1, keepdims=True), np.nanmax(s, 1, keepdims=True)
+
+
+def _normalised(scores: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """(score - low) / (high - low); a score that is not finite (or a row without bounds) as the lowest: 0."""
+    s = np.where(np.isfinite(scores), scores, np.nan)
     return np.nan_to_num((s - low) / np.maximum(high - low, 1e-12), nan=0.0)
+
+
+def _minmax(scores: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Per row, over its valid candidates: (score - lowest) / (highest - lowest); a score that is not finite counts
+    as the row's lowest."""
+    return _normalised(np.where(valid, scores, np.nan), *_bounds(scores, valid))
 
 
 def convex_fusion(c: Candidates, dense_weight: float) -> np.ndarray:
     fused = dense_weight * _minmax(c.dense, c.valid) + (1.0 - dense_weight) * _minmax(c.lexical, c.valid)
     return np.where(c.valid, fused, -np.inf)
+
+
+def hybrid_ranking(c: Candidates, dense_weight: float, rest_s: np.ndarray, rest_i: np.ndarray,
+                   k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) of each question's first k hits of the convex hybrid (-1: none): its candidates by fused score
+    (ties: the candidates' order), then the rest of its dense ranking (`rest_s`, `rest_i`: past the candidates,
+    best first) without the candidates, in dense order, scored as the module docstring says."""
+    fused = convex_fusion(c, dense_weight)
+    low, high = _bounds(c.dense, c.valid)
+    rest = dense_weight * np.minimum(_normalised(rest_s, low, high), 0.0)
+    scores, ids = np.full((len(fused), k), -np.inf, np.float32), np.full((len(fused), k), -1, np.int64)
+    for i in range(len(fused)):
+        order = np.argsort(-fused[i], kind="stable")
+        order = order[c.valid[i][order]]
+        taken = set(c.ids[i].tolist())
+        tail = [j for j, p in enumerate(rest_i[i].tolist()) if p >= 0 and p not in taken]
+        row_s = np.concatenate([fused[i][order], np.minimum.accumulate(rest[i][tail])])[:k]
+        row_i = np.concatenate([c.ids[i][order], rest_i[i][tail]])[:k]
+        scores[i, :len(row_s)], ids[i, :len(row_i)] = row_s, row_i
+    return scores, ids
 
 
 def reciprocal_rank_fusion(c: Candidates, k: int = RRF_K) -> np.ndarray:

@@ -27,7 +27,7 @@ from utils.loop.errors import UserError
 from utils.loop.jsonfiles import write_json_file
 from utils.loop.output_dir import read_marker, staged_directory
 from utils.retriever.bm25 import BM25
-from utils.retriever.fusion import convex_fusion, gather_candidates
+from utils.retriever.fusion import gather_candidates, hybrid_ranking
 from utils.retriever.index_files import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, content_hash,
                                          holds_index_manifest, map_shard, read_manifest, shard_name)
 from utils.retriever.questions import question_list
@@ -101,7 +101,8 @@ class Index:
         """Per question its k best passages, best first: {"passage_id", "title", "text", "score"} (fewer when the
         corpus has fewer). Dense, or with `hybrid` fused with BM25 at the retriever's recorded dense weight over both
         rankings' candidates. `questions`: a list of strings; a single string is one question, and then the result
-        is that question's list of hits."""
+        is that question's list of hits. The hybrid's first hits do not depend on k (utils.retriever.fusion: its
+        candidates are each ranking's first hybrid_candidates; past them the dense ranking follows)."""
         one = isinstance(questions, str)
         questions = question_list(questions)
         check_k(k)
@@ -109,19 +110,19 @@ class Index:
             return []
         q = self.retriever.encode_questions(questions)
         settings = self.retriever.settings
-        depth = max(k, settings.hybrid_candidates) if hybrid else k
+        width = settings.hybrid_candidates  # the hybrid's candidates: each ranking's first `width`, whatever k
+        depth = max(k, width) if hybrid else k
         scores, ids = search_shards(q, self.shards, min(depth, self.count), self.distributed)
         if hybrid:
             if self.bm25 is None:
                 raise UserError("this index has no BM25 (built with bm25=False): search with hybrid=False")
             if settings.hybrid_dense_weight is None:
                 raise UserError(f"{self.model_dir}: no recorded hybrid dense weight")
-            lex_s, lex_i, _, lex_of_dense = self.bm25.search(questions, settings.hybrid_candidates, score_ids=ids)
+            head_s, head_i = scores[:, :width], ids[:, :width]
+            lex_s, lex_i, _, lex_of_dense = self.bm25.search(questions, width, score_ids=head_i)
             dense_of_lex = score_shards(q, self.shards, lex_i, self.distributed)
-            c = gather_candidates(scores, ids, lex_s, lex_i, lex_of_dense, dense_of_lex)
-            fused = convex_fusion(c, settings.hybrid_dense_weight)
-            order = np.argsort(-fused, axis=1, kind="stable")[:, :k]
-            scores, ids = np.take_along_axis(fused, order, 1), np.take_along_axis(c.ids, order, 1)
+            c = gather_candidates(head_s, head_i, lex_s, lex_i, lex_of_dense, dense_of_lex)
+            scores, ids = hybrid_ranking(c, settings.hybrid_dense_weight, scores[:, width:], ids[:, width:], k)
         hits = ranked_passages(self.passages, scores[:, :k], ids[:, :k])
         return hits[0] if one else hits
 
