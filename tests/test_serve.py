@@ -3,6 +3,7 @@ over real HTTP (the API, bad requests, a bounded load), the page driven in a rea
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,11 +17,13 @@ import pytest
 
 from conftest import ROOT, SAMPLE, free_port
 from utils.loop.errors import UserError
+from utils.reader.trained import ReaderSettings
 from utils.retriever.index import question_list
 from utils.squad.files import load_questions
 from utils.system.pipeline import QASystem
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CALIBRATION = (1.5, -0.5)  # the module's server runs with --no_answer_calibration 1.5 -0.5
 EMOJI = "\N{WATER WAVE}"  # beyond the BMP: two UTF-16 units in JavaScript, one character in Python
 
 
@@ -85,7 +88,8 @@ def passages(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(trained_models, passages, tmp_path_factory):
-    s = Server(trained_models, tmp_path_factory.mktemp("serve"), passages=passages)
+    s = Server(trained_models, tmp_path_factory.mktemp("serve"), "--no_answer_calibration", *CALIBRATION,
+               passages=passages)
     yield s
     s.stop()
 
@@ -94,7 +98,7 @@ def server(trained_models, passages, tmp_path_factory):
 def expected(trained_models, passages):
     """QASystem.ask's answers on the sample's questions, at k = 3 (what qa_system.py answers with)."""
     questions = [q["question"] for q in load_questions(f"{SAMPLE}/dev.json")][:24]
-    qa = QASystem(trained_models[1], trained_models[0], passages=passages, device="cpu")
+    qa = QASystem(trained_models[1], trained_models[0], passages=passages, device="cpu", calibration=CALIBRATION)
     return questions, qa.ask(questions, k=3)
 
 
@@ -115,6 +119,19 @@ def test_ask_answers_as_the_qa_system_does(server, expected):
     status, health = server.get("/health")
     assert status == 200 and health["ready"] and health["questions_answered"] >= 9
     assert server.get("/openapi.json")[0] == 200
+
+
+def test_each_answer_gives_its_no_answer_probability_and_the_settings_that_made_it(server, expected, trained_models):
+    """--no_answer_calibration shows: every answer's no_answer_probability is QASystem.ask's at the same
+    calibration, and the answer says the threshold, rule, weights and calibration it was made with."""
+    questions, answers = expected
+    status, body = server.ask(questions[:6], k=3)
+    assert status == 200
+    for got, want in zip(body["answers"], answers):
+        assert got["no_answer_probability"] == pytest.approx(want["no_answer_probability"], rel=1e-5, abs=1e-5)
+        assert got["settings"] == {"no_answer_threshold": ReaderSettings.load(trained_models[0]).null_threshold,
+                                   "calibrated": True, "rule": "window", "retriever_weight": 0.0,
+                                   "selection_weight": 0.0}
 
 
 @pytest.mark.parametrize("request_body, status, field", [
@@ -233,6 +250,9 @@ def test_the_page_shows_the_answer_highlighted_in_its_passage(server, expected, 
         page.fill("#k", "3")
         page.click("button[type=submit]")
         page.wait_for_selector("#answer-text", timeout=60000)
+        meta = page.inner_text(".meta")  # the probability of no answer, calibrated
+        shown = re.search(r"no answer: (\d+)%", meta)
+        assert shown and "uncalibrated" not in meta and abs(int(shown[1]) - 100 * answers[answered]["no_answer_probability"]) <= 0.5 + 1e-6
         assert page.inner_text("#answer-mark") == answers[answered]["answer"]  # at its offsets, past the emoji
         passage = page.inner_text("#answer-passage")
         assert passage.startswith(EMOJI) and answers[answered]["answer"] in passage[len(EMOJI):]
@@ -263,6 +283,8 @@ def test_sigterm_drains_the_requests_in_flight_and_exits_0(trained_models, tmp_p
     asking.join(timeout=60)
     status, body = result["answer"]
     assert status == 200 and len(body["answers"]) == 16
+    assert {a["no_answer_probability"] for a in body["answers"]} == {None}  # a window reader, not calibrated
+    assert not body["answers"][0]["settings"]["calibrated"]
     assert s.get("/health") == (None, None)  # no longer listening
     assert "stopped after answering 16 questions" in s.output()
     s.log.close()

@@ -107,29 +107,41 @@ def check_request(body: AskRequest, limits: Limits) -> tuple[list[str], int]:
     return questions, k
 
 
-def public(a: dict) -> dict:
+def public(a: dict, settings: dict) -> dict:
     """One answer of `QASystem.ask` as the API returns it: the answer (None when the system abstains) with its
-    score, passage and character offsets, and the passages read with their retrieval scores."""
+    score, passage and character offsets, its probability of no answer, the passages read with their retrieval
+    scores, and the `settings` it was made with."""
     return {"answer": a["answer"] or None, "score": a["score"], "passage_id": a["passage_id"], "title": a["title"],
             "text": a["text"], "start": a["start"], "end": a["end"],
+            "no_answer_probability": a["no_answer_probability"], "settings": settings,
             "passages": [{"passage_id": p["passage_id"], "title": p["title"], "text": p["text"], "score": p["score"]}
                          for p in a["passages"]]}
+
+
+def answer_settings(system, threshold) -> dict:
+    """What the system answers with, said with every answer: the no-answer threshold applied (None: it always
+    answers), whether no_answer_probability is calibrated (--no_answer_calibration; else the shared rule's share of
+    the softmaxes, or None), the rule and the weights of the retriever's and the selection scores."""
+    return {"no_answer_threshold": system.recorded_threshold if threshold == "recorded" else threshold,
+            "calibrated": system.calibration is not None, "rule": "question" if system.shared else "window",
+            "retriever_weight": system.retriever_weight, "selection_weight": system.selection_weight}
 
 
 def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, threshold="recorded",
                on_load_failure=None) -> FastAPI:
     """`load_system()`: builds the QASystem (called once, on a thread, at start). `threshold`: QASystem.ask's.
     `on_load_failure(message)`: what to do when loading fails (the server cannot serve)."""
-    state = {"system": None, "error": None, "started": time.time()}
+    state = {"system": None, "settings": None, "error": None, "started": time.time()}
 
     def answer_many(questions: list[str], ks: list[int]) -> list[dict]:
-        return [public(a) for a in state["system"].ask(questions, ks, threshold=threshold)]
+        return [public(a, state["settings"]) for a in state["system"].ask(questions, ks, threshold=threshold)]
 
     batcher = Batcher(answer_many, max_batch, max_wait)
 
     def load() -> None:
         try:
-            state["system"] = load_system()
+            system = load_system()
+            state["settings"], state["system"] = answer_settings(system, threshold), system
             logger.info("ready: %d passages", len(state["system"].passages))
         except UserError as err:
             state["error"] = str(err)
