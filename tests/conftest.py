@@ -1,8 +1,13 @@
 """Shared fixtures: the real MiniLM tokenizer, a tiny config-built BERT for fast runs, the shipped sample."""
 
+import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 
 import pytest
 
@@ -73,11 +78,60 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class ForkServer:
+    """This worker's tests/forkserver.py: a script run as a fork of an interpreter that has imported torch,
+    transformers and accelerate once (see its docstring). One run at a time; None where it cannot serve."""
+
+    # Environment variables the libraries read when imported: a fork keeps the server's values.
+    FROZEN_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "KMP_", "HF_", "TRANSFORMERS_", "PYTORCH_", "TORCH_", "PYTHON")
+
+    def __init__(self):
+        self.lock, self.proc, self.env = threading.Lock(), None, None
+
+    def run(self, cmd, env, timeout):
+        if os.environ.get("TESTS_FORKSERVER") == "0":  # to compare, or to rule it out
+            return None
+        if not self.lock.acquire(blocking=False):  # a test running scripts from several threads: the rest start anew
+            return None
+        try:
+            if self.proc is None or self.proc.poll() is not None:
+                self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+                self.proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "forkserver.py")], cwd=ROOT,
+                                             env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            frozen = {k for k in env.keys() | self.env.keys() if k.startswith(self.FROZEN_PREFIXES)}
+            if any(env.get(k) != self.env.get(k) for k in frozen):
+                return None  # what the libraries read at import differs: a real interpreter
+            return self._run(cmd, env, timeout)
+        finally:
+            self.lock.release()
+
+    def _run(self, cmd, env, timeout):
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+            self.proc.stdin.write(json.dumps({"argv": cmd[1:], "env": env, "cwd": ROOT, "stdout": out,
+                                              "stderr": err}) + "\n")
+            self.proc.stdin.flush()
+            pid = json.loads(self.proc.stdout.readline())["pid"]
+            if not select.select([self.proc.stdout], [], [], timeout)[0]:
+                os.killpg(pid, signal.SIGKILL)
+                self.proc.stdout.readline()
+                raise subprocess.TimeoutExpired(cmd, timeout)
+            status = json.loads(self.proc.stdout.readline())["status"]
+            text = [open(path, encoding="utf-8", errors="replace").read() for path in (out, err)]
+        return subprocess.CompletedProcess(cmd, status, *text)
+
+
+FORK_SERVER = ForkServer()
+
+
 def run_script(script, *args, launcher=None, env=None, check=True, timeout=600):
-    """Run a project script as a user would; return the CompletedProcess (stdout+stderr as text)."""
+    """Run a project script as a user would; return the CompletedProcess (stdout+stderr as text). Without a
+    launcher it runs as a fork of this worker's warm interpreter (ForkServer) where it can."""
     cmd = (launcher or [sys.executable]) + [os.path.join(ROOT, script), *map(str, args)]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    proc = None if launcher else FORK_SERVER.run(cmd, full_env, timeout)
+    if proc is None:
+        proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
