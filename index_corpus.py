@@ -25,11 +25,9 @@ import logging
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from accelerate import Accelerator
-
-from utils.loop.args import arg, check_at_least_one, check_input_files, parse_args
+from utils.loop.args import arg, check_at_least_one, check_input_files, parse_args, process_group_timeout_arg
 from utils.loop.errors import UserError, exit_on_user_error
-from utils.loop.process import finish, peak_memory_mb
+from utils.loop.process import finish, make_accelerator, peak_memory_mb
 from utils.retriever.indexing import build_index
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
@@ -50,20 +48,21 @@ class IndexArgs:
                                      "in memory). Default: when the retriever has a recorded hybrid weight.")
     overwrite_output_dir: bool = arg(False, "Replace an existing index (or another run's outputs) in --output_dir; a "
                                             "directory this project did not write is refused even so.")
+    process_group_timeout: int = process_group_timeout_arg()  # BM25 is built by the main process alone
 
     def validate(self) -> None:
         if not self.retriever or not self.passages or not self.output_dir:
             raise UserError("give --retriever (a trained retriever), --passages (the corpus) and --output_dir")
         check_input_files(self, "passages")
         RetrieverSettings.load(self.retriever)
-        check_at_least_one(self, "batch_size", "chunk_passages")
+        check_at_least_one(self, "batch_size", "chunk_passages", "process_group_timeout")
 
 
 @exit_on_user_error
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
     args = parse_args(IndexArgs, argv)
-    accelerator = Accelerator()  # the encoder runs under its own autocast (utils.retriever.retriever)
+    accelerator = make_accelerator(args)  # the encoder runs under its own autocast (utils.retriever.retriever)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
     device = "cuda" if accelerator.device.type == "cuda" else "cpu"

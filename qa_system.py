@@ -37,14 +37,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from accelerate import Accelerator
 from accelerate.utils import gather_object
 
-from utils.loop.args import arg, check_at_least_one, check_input_files, parse_args
+from utils.loop.args import arg, check_at_least_one, check_input_files, parse_args, process_group_timeout_arg
 from utils.loop.errors import UserError, exit_on_user_error
 from utils.loop.jsonfiles import json_line, write_json
 from utils.loop.output_dir import prepare_output_dir, publish_dir
-from utils.loop.process import finish
+from utils.loop.process import finish, make_accelerator
 from utils.squad.files import load_questions
 from utils.reader.trained import fingerprint
 from utils.retriever.data import load_passages
@@ -73,6 +72,7 @@ class QAArgs(SystemArgs):
     output_dir: str = arg("outputs/qa", "Where predictions.json, details.jsonl and eval_results.json go.")
     overwrite_output_dir: bool = arg(False, "Use output_dir even if it holds an earlier run's outputs, a trained "
                                             "model or files of no run of this project: they are replaced.")
+    process_group_timeout: int = process_group_timeout_arg()  # an index built from --passages: BM25 by one process
     resume_from_checkpoint = None  # the output directory check's; nothing resumes here
 
     def validate(self) -> None:
@@ -80,7 +80,7 @@ class QAArgs(SystemArgs):
             raise UserError("give --questions (and --retriever, --reader, the corpus)")
         check_input_files(self, "questions", "validation_file")
         self.validate_system()
-        check_at_least_one(self, "top_k", "max_questions")
+        check_at_least_one(self, "top_k", "max_questions", "process_group_timeout")
         if min(self.eval_k) < 1:
             raise UserError(f"--eval_k must be at least 1 (got {min(self.eval_k)})")
         self.eval_k = sorted(set(self.eval_k))
@@ -132,7 +132,7 @@ def clamp_k(args, passages: int) -> tuple[list[int], int, str | None]:
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
     args = parse_args(QAArgs, argv)
-    accelerator = Accelerator()  # each model runs under its own autocast (utils.reader.trained, utils.retriever.index)
+    accelerator = make_accelerator(args)  # each model runs under its own autocast (utils.reader.trained, utils.retriever.index)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
     prepare_output_dir(accelerator, args, "evaluate")  # refused if it holds anything; nothing created before the end

@@ -193,3 +193,26 @@ def test_an_evaluation_creates_nothing_until_it_publishes_and_a_finished_one_is_
     accelerator, args = accelerator_and_args(tmp_path / "file" / "sub")
     with pytest.raises(UserError, match="cannot create the output directory"):
         prepare_output_dir(accelerator, args, "evaluate")
+
+
+@pytest.mark.parametrize("script", ["train_reader.py", "train_dpr.py", "index_corpus.py", "qa_system.py"])
+def test_every_script_waits_in_a_collective_as_long_as_process_group_timeout_says(script):
+    """The main process alone builds BM25 over the corpus (index_corpus.py) or ranks the reader's passage pools while
+    the others wait in a collective: at DPR's scale longer than NCCL's default timeout, which killed the job. Every
+    script builds its Accelerator (utils.loop.process.make_accelerator) with the process group's timeout from
+    --process_group_timeout (minutes)."""
+    import importlib
+    import inspect
+    from datetime import timedelta
+
+    from accelerate.utils import InitProcessGroupKwargs
+
+    from utils.loop import process
+
+    module = importlib.import_module(script[:-3])
+    cls = next(v for k, v in vars(module).items() if k.endswith("Args") and getattr(v, "__module__", "") == module.__name__)
+    assert cls.__dataclass_fields__["process_group_timeout"].default > 10  # beyond NCCL's default
+    builds = inspect.getsource(process.setup) if script.startswith("train_") else inspect.getsource(module.main)
+    assert "make_accelerator(" in builds and "Accelerator(" not in builds.replace("make_accelerator(", "")
+    handler = process.make_accelerator(SimpleNamespace(process_group_timeout=90), cpu=True).init_handler
+    assert isinstance(handler, InitProcessGroupKwargs) and handler.timeout == timedelta(minutes=90)

@@ -67,6 +67,21 @@ def precision_as_trained(recorded: str | None) -> str:
     return recorded or "no"
 
 
+# Minutes a process waits in a collective for the others before the job fails. Some work is done by the main process
+# alone while the others wait (BM25 over the corpus in index_corpus.py, the reader's passage pools in train_reader.py);
+# at DPR's scale (21M passages) that is far past NCCL's default of 10 minutes. An hour covers one process building
+# BM25 over such a corpus and still ends a job whose peer died within the hour; a longer single-process step (pools
+# ranked by BM25 for many questions over millions of passages) needs more.
+PROCESS_GROUP_TIMEOUT = 60
+
+
+def process_group_timeout_arg():
+    """The --process_group_timeout field, the same in every script's arguments."""
+    return arg(PROCESS_GROUP_TIMEOUT, "Minutes a process waits in a collective for the others before the job fails "
+                                      "(the process group's timeout): raise it where one process works alone for "
+                                      "long, as BM25 over a large corpus.")
+
+
 def check_at_least_one(args, *names: str) -> None:
     """Count flags must be at least 1 where given (None: not given)."""
     for name in names:
@@ -126,6 +141,7 @@ class TrainArgs:
     )
     logging_steps: int = arg(10, "Log loss and learning rate every N optimizer updates.")
     report_to: Literal["none", "tensorboard", "wandb", "all"] = arg("none", "Experiment trackers (via Accelerate).")
+    process_group_timeout: int = process_group_timeout_arg()
 
     def validate(self) -> None:
         """Every cross-field check lives here; subclasses extend it."""
@@ -134,7 +150,7 @@ class TrainArgs:
         check_at_least_one(self, "per_device_train_batch_size", "per_device_eval_batch_size",
                            "gradient_accumulation_steps", "logging_steps", "max_train_steps", "max_train_samples",
                            "max_eval_samples", "eval_steps", "checkpointing_steps", "checkpoints_total_limit",
-                           "early_stopping_patience")
+                           "early_stopping_patience", "process_group_timeout")
         if self.learning_rate <= 0:
             raise UserError(f"--learning_rate must be positive (got {self.learning_rate})")
         if not 0 <= self.warmup_ratio < 1:

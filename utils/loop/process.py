@@ -1,6 +1,7 @@
 """Process setup and exit: the Accelerator, the checks of what Accelerate would silently get wrong (fp16 on a CPU
 trains in fp32; processes launched without distribution each train alone), CPU memory settings, the model as
-saved (without wrappers), peak memory, and a clean exit of multi-process runs."""
+saved (without wrappers), peak memory, and a clean exit of multi-process runs. Every script builds its Accelerator
+with `make_accelerator`, which sets the process group's timeout from --process_group_timeout."""
 
 import ctypes
 import logging
@@ -8,10 +9,11 @@ import os
 import resource
 import sys
 import warnings
+from datetime import timedelta
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, set_seed
+from accelerate.utils import DistributedType, InitProcessGroupKwargs, set_seed
 
 from utils.loop.args import as_config
 from utils.loop.errors import UserError
@@ -42,10 +44,18 @@ def keep_freed_memory(device: torch.device) -> None:
         logger.warning("mallopt refused the CPU memory settings; training runs slower")
 
 
+def make_accelerator(args, **kwargs) -> Accelerator:
+    """The Accelerator of every script: its process group waits `args.process_group_timeout` minutes in a collective
+    (utils.loop.args: work the main process does alone must fit in it); `kwargs` go to Accelerator."""
+    timeout = InitProcessGroupKwargs(timeout=timedelta(minutes=args.process_group_timeout))
+    return Accelerator(kwargs_handlers=[timeout], **kwargs)
+
+
 def setup(args) -> Accelerator:
     """Create the Accelerator, check the precision is real on this device, seed, and print the run summary."""
     trackers = {"none": None, "all": "all"}.get(args.report_to, [args.report_to])
-    accelerator = Accelerator(
+    accelerator = make_accelerator(
+        args,
         mixed_precision=args.requested_precision,  # None: the launcher's / config's choice
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         log_with=trackers,

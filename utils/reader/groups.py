@@ -21,6 +21,9 @@ class QuestionGroups:
         from accelerate.utils import broadcast_object_list
 
         self.count, self.seed, self.pad = args.passages_per_question - 1, args.seed, tokenizer.pad_token_id
+        # The others wait in the broadcast meanwhile, for as long as --process_group_timeout allows. Not shared out:
+        # every process would hold BM25 over the whole corpus (or embed all of it with the retriever) to rank its
+        # share of the questions, which multiplies the memory by the processes for no gain in time.
         pools = passage_pools(examples, passages, self.count, args.negatives_retriever) \
             if accelerator.is_main_process else None
         self.pools = broadcast_object_list([pools])[0] if accelerator.num_processes > 1 else pools

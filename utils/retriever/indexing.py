@@ -211,7 +211,8 @@ def build_index(accelerator, retriever, passages: str, output_dir: str, dtype: s
                     complete=True, corpus=corpus)
     if accelerator.is_main_process:
         meta["bm25"] = bm25 if bm25 is not None else retriever.settings.hybrid_dense_weight is not None
-        if meta["bm25"]:
+        if meta["bm25"]:  # by this process alone (one index over every passage: bm25s builds it in one piece), the
+            # others waiting below, for as long as --process_group_timeout allows
             parts = [map_shard(output_dir, meta, s)[2] for s in shards]
             BM25(list(PassageStore(parts, [s["first"] for s in shards]))).save(os.path.join(output_dir, "bm25"))
         meta["seconds"] = max(s["seconds"] for s in every)
