@@ -17,12 +17,15 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 Requests that arrive within --max_wait_ms of each other are answered in one pass (up to --max_batch questions):
 under load a pass is a batch, not one question (utils/system/batcher.py; benchmarks/serve_benchmark.py measures it).
 Bad requests get a 4xx JSON error naming the field (a body over --max_body_bytes: 413, before it is read whole);
-SIGTERM (or Ctrl-C) stops taking requests, finishes the ones in flight and exits 0.
+SIGTERM (or Ctrl-C) stops taking requests, finishes the ones in flight and exits 0. The port is taken before
+anything loads: one in use is a one-line error (exit 2) at once.
 """
 
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -65,8 +68,9 @@ class ServeArgs(SystemArgs):
 
 @exit_on_user_error
 def main(argv=None):
-    # --- setup: check everything before the port is taken ----------------------------------------------
+    # --- setup: check everything, and take the port, before anything is loaded ------------------------
     args = parse_args(ServeArgs, argv)
+    sock = listening_socket(args.host, args.port)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     failure = []
 
@@ -90,12 +94,28 @@ def main(argv=None):
     # --- serve: SIGTERM/SIGINT stop taking requests and drain the ones in flight -------------------------
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            timeout_graceful_shutdown=60))
-    server.run()
+    server.run(sockets=[sock])
     if failure:
         raise UserError(failure[0])
-    if not server.started:
-        raise UserError(f"could not listen on {args.host}:{args.port} (in use?)")
     print(f"stopped after answering {app.state.batcher.questions} questions", file=sys.stderr, flush=True)
+
+
+BIND_ERRORS = {errno.EADDRINUSE: "address in use", errno.EADDRNOTAVAIL: "not an address of this machine",
+               errno.EACCES: "permission denied"}
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound now, before the models load (uvicorn serves on it): a port in use, a host that is
+    not this machine's, is one line and exit 2 at once, not uvicorn's error once everything is loaded."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port just freed is free
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        reason = "unknown host" if isinstance(err, socket.gaierror) else BIND_ERRORS.get(err.errno, err.strerror)
+        raise UserError(f"could not listen on {host}:{port}: {reason}") from None
+    return sock
 
 
 class DrainingServer(uvicorn.Server):

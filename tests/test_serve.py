@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -302,3 +303,19 @@ def test_a_bad_start_is_a_one_line_error_and_the_default_address_is_loopback(tra
     assert_user_error(proc, "--max_body_bytes must be at least 1")
     from serve import ServeArgs
     assert ServeArgs.__dataclass_fields__["host"].default == "127.0.0.1"
+
+
+def test_a_port_in_use_is_a_one_line_error_before_anything_loads(trained_models, passages):
+    """serve.py takes its port before it loads a model: on a port in use it says so in one line and exits 2."""
+    from conftest import assert_user_error, run_script
+
+    reader, retriever = trained_models
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_script("serve.py", "--retriever", retriever, "--reader", reader, "--passages", passages, "--port",
+                          port, check=False, timeout=120)
+    assert_user_error(proc, f"could not listen on 127.0.0.1:{port}")
+    assert proc.stderr.strip().splitlines() == [f"error: could not listen on 127.0.0.1:{port}: address in use"], \
+        proc.stderr  # the only line: nothing was loaded (that logs "loading ...") before the port was tried

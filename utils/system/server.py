@@ -139,6 +139,7 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
     batcher = Batcher(answer_many, max_batch, max_wait)
 
     def load() -> None:
+        logger.info("loading the models and the corpus")
         try:
             system = load_system()
             state["settings"], state["system"] = answer_settings(system, threshold), system
