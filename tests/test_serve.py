@@ -17,6 +17,7 @@ import urllib.request
 import pytest
 
 from conftest import ROOT, SAMPLE, free_port
+from tolerance import assert_answered_alike, assert_ranked_alike
 from utils.loop.errors import UserError
 from utils.reader.trained import ReaderSettings
 from utils.retriever.index import question_list
@@ -103,20 +104,29 @@ def expected(trained_models, passages):
     return questions, qa.ask(questions, k=3)
 
 
-def test_ask_answers_as_the_qa_system_does(server, expected):
+def answered_alike(got, want, trained_models) -> None:
+    """A served answer against QASystem.ask's: other batches (other padding, other summation orders), so alike up
+    to near-ties; the served answer carries no null-minus-best, so an abstention may differ only where the
+    system's own ratio sits at the recorded threshold."""
+    threshold = ReaderSettings.load(trained_models[0]).null_threshold
+    assert_answered_alike({**got, "null_minus_best": want["null_minus_best"]}, want, threshold)
+    assert_ranked_alike([[(p["passage_id"], p["score"]) for p in got["passages"]]],
+                        [[(p["passage_id"], p["score"]) for p in want["passages"]]])
+
+
+def test_ask_answers_as_the_qa_system_does(server, expected, trained_models):
     questions, answers = expected
     status, body = server.ask(questions[:8], k=3)
     assert status == 200 and body["k"] == 3 and len(body["answers"]) == 8
     for got, want in zip(body["answers"], answers):
-        assert got["answer"] == (want["answer"] or None) and got["passage_id"] == want["passage_id"]
-        assert [p["passage_id"] for p in got["passages"]] == [p["passage_id"] for p in want["passages"]]
+        answered_alike(got, want, trained_models)
         if got["answer"]:
             assert got["text"][got["start"]:got["end"]] == got["answer"]
-            assert got["score"] == pytest.approx(want["score"], rel=1e-5, abs=1e-5)
         else:
             assert got["score"] is None and got["start"] is None
     status, one = server.ask(questions[0], k=3)  # one question as a string
-    assert status == 200 and one["answers"][0]["answer"] == body["answers"][0]["answer"]
+    assert status == 200
+    answered_alike(one["answers"][0], answers[0], trained_models)
     status, health = server.get("/health")
     assert status == 200 and health["ready"] and health["questions_answered"] >= 9
     assert server.get("/openapi.json")[0] == 200
@@ -169,7 +179,7 @@ def test_the_server_refuses_a_question_in_the_python_apis_words(server, question
     assert status == 422 and body["error"].split(": ", 1)[1] == str(refused.value).split(": ", 1)[1], body
 
 
-def test_a_bad_question_fails_its_own_request_only(server, expected):
+def test_a_bad_question_fails_its_own_request_only(server, expected, trained_models):
     """Requests asked together share passes: one with a question the models cannot read (a lone surrogate, valid
     JSON) is a 4xx JSON error naming it, and every other request is answered."""
     questions, answers = expected
@@ -186,7 +196,8 @@ def test_a_bad_question_fails_its_own_request_only(server, expected):
                                     "field": "question"})
     for i in range(6):
         status, body = results[i]
-        assert status == 200 and body["answers"][0]["answer"] == (answers[i]["answer"] or None), body
+        assert status == 200, body
+        answered_alike(body["answers"][0], answers[i], trained_models)
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
@@ -201,10 +212,10 @@ def test_a_body_over_max_body_bytes_is_refused_unread_and_unparsed(server, chunk
     assert server.ask("Who designed the Corran lighthouse?")[0] == 200
 
 
-def test_concurrent_clients_are_answered_correctly_in_shared_passes(server, expected):
+def test_concurrent_clients_are_answered_correctly_in_shared_passes(server, expected, trained_models):
     """16 clients x 20 questions at once: every answer right, no error, no hang; questions share passes."""
     questions, answers = expected
-    want = {q: (a["answer"] or None, a["passage_id"]) for q, a in zip(questions, answers)}
+    want = dict(zip(questions, answers))
     before = server.get("/health")[1]
     errors, done = [], []
 
@@ -216,8 +227,10 @@ def test_concurrent_clients_are_answered_correctly_in_shared_passes(server, expe
                 errors.append((status, body))
                 continue
             got = body["answers"][0]
-            if (got["answer"], got["passage_id"]) != want[q]:
-                errors.append((q, got["answer"], want[q]))
+            try:
+                answered_alike(got, want[q], trained_models)
+            except AssertionError as err:
+                errors.append((q, err))
             done.append(q)
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(16)]
