@@ -52,7 +52,6 @@ from utils.loop.args import (TrainArgs, arg, check_at_least_one, check_input_fil
                              packaged_minilm, parse_args, precision_as_trained)
 from utils.loop.batching import LengthGroupedBatchSampler, pad_batch
 from utils.loop.errors import UserError, exit_on_user_error
-from utils.loop.dropout import config_overrides
 from utils.loop.optim import build_optimizer
 from utils.loop.process import setup
 from utils.loop.run import run
@@ -263,9 +262,7 @@ def main(argv=None):
                 "v2 (with unanswerable questions)" if with_no_answer else "v1.1")
 
     # --- model ---------------------------------------------------------------------------------------
-    model = load_qa_model(args.model_name_or_path, trained=False,
-                          overrides=config_overrides(args.model_name_or_path, args.attention_dropout),
-                          selection=args.passage_selection)
+    model = load_qa_model(args.model_name_or_path, trained=False, selection=args.passage_selection)
     optimizer = build_optimizer(model, args, accelerator.device)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
 

@@ -77,31 +77,6 @@ PROBE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
-def test_attention_dropout_reaches_every_attention_of_both_models_and_an_unknown_config_is_refused(tiny_bert_dir,
-                                                                                                   tmp_path):
-    from transformers import GPT2Config
-
-    from utils.loop.dropout import config_overrides
-    from utils.loop.errors import UserError
-    from utils.reader.trained import load_qa_model
-    from utils.retriever.bi_encoder import load_bi_encoder
-
-    def attention_dropouts(model):
-        return {m.dropout.p for name, m in model.named_modules() if name.endswith("attention.self")}
-
-    assert config_overrides(tiny_bert_dir, None) == {}
-    reader = load_qa_model(tiny_bert_dir, trained=False)
-    assert attention_dropouts(reader) == {reader.config.attention_probs_dropout_prob} != {0.0}
-    reader = load_qa_model(tiny_bert_dir, trained=False, overrides=config_overrides(tiny_bert_dir, 0.0))
-    assert attention_dropouts(reader) == {0.0} and reader.config.attention_probs_dropout_prob == 0.0
-    bi = load_bi_encoder(tiny_bert_dir, tiny_bert_dir, False, "mean", "dot", attention_dropout=0.0)
-    assert attention_dropouts(bi) == {0.0}  # both encoders
-    GPT2Config(attn_pdrop=0.1).save_pretrained(tmp_path)  # keeps it as attn_pdrop: no known name
-    with pytest.raises(UserError, match="has no attention dropout setting"):
-        config_overrides(str(tmp_path), 0.0)
-
-
 def test_cpu_runs_keep_freed_memory_mapped_for_reuse():
     def held_after_free(mode):
         out = subprocess.run([sys.executable, "-c", PROBE.format(root=ROOT), mode], capture_output=True, text=True,

@@ -119,11 +119,6 @@ class TrainArgs:
     torch_compile: bool = arg(
         False, "Compile the model with torch.compile (inductor, through Accelerate). Compiling takes a while and "
         "recompiles for new input shapes: see docs/AMP.md for where it pays off.")
-    attention_dropout: Optional[float] = arg(
-        None, "Dropout on the attention probabilities while training (default: the model config's, 0.1 for BERT). "
-        "A CPU draws a random number for every attention score of every layer, which costs more than the attention "
-        "itself (a GPU draws them inside its fused kernel): 0 makes CPU steps faster, the more so the longer the "
-        "inputs, with a little less regularization (docs/RESULTS.md, Speed). Recorded in the saved config.json.")
     max_grad_norm: float = arg(1.0, "Clip the global gradient norm to this (0 disables clipping).")
     max_train_steps: Optional[int] = arg(None, "Total optimizer updates; overrides --num_train_epochs.")
     max_train_samples: Optional[int] = arg(None, "Train on the first N examples only (quick runs).")
@@ -145,8 +140,6 @@ class TrainArgs:
 
     def validate(self) -> None:
         """Every cross-field check lives here; subclasses extend it."""
-        if self.attention_dropout is not None and not 0 <= self.attention_dropout < 1:
-            raise UserError(f"--attention_dropout must be in [0, 1) (got {self.attention_dropout})")
         check_at_least_one(self, "per_device_train_batch_size", "per_device_eval_batch_size",
                            "gradient_accumulation_steps", "logging_steps", "max_train_steps", "max_train_samples",
                            "max_eval_samples", "eval_steps", "checkpointing_steps", "checkpoints_total_limit",

@@ -112,13 +112,13 @@ def check_reader_dir(path: str) -> None:
                             "give a directory written by train_reader.py or another extractive QA model")
 
 
-def load_qa_model(path: str, trained: bool = True, overrides: dict | None = None, selection: bool | None = None):
+def load_qa_model(path: str, trained: bool = True, selection: bool | None = None):
     """AutoModelForQuestionAnswering from `path`. `trained`: the checkpoint must hold the question-answering head
     (a base encoder, or a DPR encoder, would answer with a randomly initialised head). Training starts from any
     encoder: its new head is expected, and transformers' warning about it is silenced for this load only (as is its
     report of a passage-selection head's weights, which it does not know). `selection`: the passage-selection head
     (utils.reader.selection): None, the one saved with the model if any; True, that one or else a new one (training
-    with --passage_selection); False, none. `overrides`: config settings to load it with (utils.loop.dropout)."""
+    with --passage_selection); False, none."""
     import transformers
     from safetensors import safe_open
     from transformers import AutoModelForQuestionAnswering
@@ -132,8 +132,7 @@ def load_qa_model(path: str, trained: bool = True, overrides: dict | None = None
     if not trained or head:
         transformers.utils.logging.set_verbosity_error()
     try:
-        model, info = AutoModelForQuestionAnswering.from_pretrained(path, output_loading_info=True,
-                                                                    **(overrides or {}))
+        model, info = AutoModelForQuestionAnswering.from_pretrained(path, output_loading_info=True)
     except (OSError, ValueError) as err:
         raise UserError(f"{path}: cannot load a QA model ({str(err).splitlines()[0]})") from None
     finally:

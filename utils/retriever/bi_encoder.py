@@ -48,12 +48,9 @@ class BiEncoder(nn.Module):
 
     @classmethod
     def from_pretrained(cls, query_path, passage_path, shared: bool, pooling: str, normalize: bool,
-                        length_buckets: int = 1, attention_dropout: float | None = None):
-        from utils.loop.dropout import config_overrides
-
-        query = AutoModel.from_pretrained(query_path, **config_overrides(query_path, attention_dropout))
-        passage = None if shared else AutoModel.from_pretrained(passage_path,
-                                                                **config_overrides(passage_path, attention_dropout))
+                        length_buckets: int = 1):
+        query = AutoModel.from_pretrained(query_path)
+        passage = None if shared else AutoModel.from_pretrained(passage_path)
         for encoder in (query, passage):
             for name, param in (encoder.named_parameters() if encoder is not None else ()):
                 if name.startswith("pooler."):  # BERT's pooler is not part of either pooling: never trained,
@@ -97,17 +94,17 @@ class BiEncoder(nn.Module):
 def bi_encoder_of(args) -> BiEncoder:
     """The bi-encoder train_dpr.py's flags describe."""
     return load_bi_encoder(args.query_model_name_or_path, args.passage_model_name_or_path, args.shared_encoder,
-                           args.pooling, args.similarity, args.length_buckets, args.attention_dropout)
+                           args.pooling, args.similarity, args.length_buckets)
 
 
 def load_bi_encoder(query_path: str, passage_path: str, shared: bool, pooling: str, similarity: str,
-                    length_buckets: int = 1, attention_dropout: float | None = None) -> BiEncoder:
-    """The bi-encoder (encoders, sharing, pooling, similarity, length buckets; `attention_dropout` for training:
-    utils.loop.dropout); a one-line error when an encoder cannot be loaded."""
+                    length_buckets: int = 1) -> BiEncoder:
+    """The bi-encoder (encoders, sharing, pooling, similarity, length buckets); a one-line error when an encoder
+    cannot be loaded."""
     from utils.loop.errors import UserError
 
     try:
         return BiEncoder.from_pretrained(query_path, passage_path, shared, pooling, similarity == "cosine",
-                                         length_buckets, attention_dropout)
+                                         length_buckets)
     except (OSError, ValueError) as err:
         raise UserError(f"cannot load an encoder ({str(err).splitlines()[0]})") from None
