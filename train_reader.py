@@ -130,8 +130,6 @@ class ReaderArgs(TrainArgs):
                                          "weigh on each passage read (qa_system.py --selection_weight).")
     passages: Optional[str] = arg(None, "The corpus the negative or retrieved passages come from (JSON lines of "
                                         "title/text/passage_id).")
-    negatives_retriever: Optional[str] = arg(None, "Rank the negative or retrieved passages with this trained "
-                                                   "retriever (train_dpr.py's output) instead of BM25.")
     preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
     cache_dir: Optional[str] = arg(None, "Cache for tokenised datasets (default: ~/.cache/qa-amp).")
 
@@ -160,9 +158,8 @@ class ReaderArgs(TrainArgs):
         if self.passage_selection and self.passages_per_question < 2:
             raise UserError("--passage_selection picks among the passages a question reads: give "
                             "--passages_per_question M (more than 1)")
-        if not retrieving and (self.passages is not None or self.negatives_retriever):
-            raise UserError("--passages and --negatives_retriever are for --negative_passages N or "
-                            "--passages_per_question M (more than 1)")
+        if not retrieving and self.passages is not None:
+            raise UserError("--passages is for --negative_passages N or --passages_per_question M (more than 1)")
         check_model_dir(self.model_name_or_path, "model_name_or_path")
         recorded = ReaderSettings.load(self.model_name_or_path) or ReaderSettings()
         for name in ("max_seq_length", "doc_stride", "max_query_length", "n_best_size", "max_answer_length"):

@@ -185,8 +185,8 @@ def test_questions_are_grouped_by_the_longest_window_they_read_in_the_epoch(toke
     from utils.squad.files import load_squad
 
     examples, _ = load_squad(f"{SAMPLE}/train.json")
-    args = SimpleNamespace(passages_per_question=2, seed=0, negatives_retriever=None, max_seq_length=256,
-                           doc_stride=32, max_query_length=32, cache_dir=str(tmp_path), preprocessing_num_workers=None)
+    args = SimpleNamespace(passages_per_question=2, seed=0, max_seq_length=256, doc_stride=32, max_query_length=32,
+                           cache_dir=str(tmp_path), preprocessing_num_workers=None)
     passages = load_passages(f"{SAMPLE}/dpr_passages.jsonl")
     groups = QuestionGroups(Accelerator(cpu=True), args, tokenizer, examples, passages)
     for epoch in range(2):

@@ -14,7 +14,7 @@ from utils.reader.windows_cache import tokenize_with
 class QuestionGroups:
     """Per training question: its paragraph (pair 0 of its pairs, its labelled answer the target) and its pool of
     retrieved passages; which of the pool it reads in an epoch is `drawn` from (seed, epoch, question). The pools
-    are ranked once, by the main process (a retriever's ranking of a large corpus is not work to repeat on every
+    are ranked once, by the main process (BM25's ranking of a large corpus is not work to repeat on every
     process), and shared with the others."""
 
     def __init__(self, accelerator, args, tokenizer, examples: list[dict], passages: list[dict]):
@@ -22,10 +22,9 @@ class QuestionGroups:
 
         self.count, self.seed, self.pad = args.passages_per_question - 1, args.seed, tokenizer.pad_token_id
         # The others wait in the broadcast meanwhile, for as long as --process_group_timeout allows. Not shared out:
-        # every process would hold BM25 over the whole corpus (or embed all of it with the retriever) to rank its
-        # share of the questions, which multiplies the memory by the processes for no gain in time.
-        pools = passage_pools(examples, passages, self.count, args.negatives_retriever) \
-            if accelerator.is_main_process else None
+        # every process would hold BM25 over the whole corpus to rank its share of the questions, which multiplies
+        # the memory by the processes for no gain in time.
+        pools = passage_pools(examples, passages, self.count) if accelerator.is_main_process else None
         self.pools = broadcast_object_list([pools])[0] if accelerator.num_processes > 1 else pools
         self.answerable = [bool(ex["answers"]["text"]) for ex in examples]
         pairs, self.first_pair = [], []

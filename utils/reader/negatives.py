@@ -4,8 +4,8 @@ that hold none of its answer strings, read as unanswerable windows.
 A reader trained on gold paragraphs alone answers from whatever passage it is given; in a pipeline most passages it
 reads hold no answer, and nothing taught it to abstain there (DPR's reader training pairs each question with
 retrieved passages without an answer; Haystack 1.x did not). Each question gets a pool of its best-ranked such
-passages (BM25's, or a trained retriever's), and every epoch draws `count` of them anew: a pure function of the
-seed and the epoch, so a resumed run draws what the interrupted one would have.
+passages (BM25's), and every epoch draws `count` of them anew: a pure function of the seed and the epoch, so a
+resumed run draws what the interrupted one would have.
 """
 
 import numpy as np
@@ -16,11 +16,11 @@ from utils.squad.answers import answer_patterns, holds_answer, normalized
 POOL_PER_NEGATIVE = 4  # a question's pool: this many candidates per negative drawn each epoch
 
 
-def negative_pools(examples: list[dict], passages: list[dict], count: int, retriever_dir: str | None = None) -> list[list[int]]:
+def negative_pools(examples: list[dict], passages: list[dict], count: int) -> list[list[int]]:
     """Per example, the indices of its `POOL_PER_NEGATIVE x count` best-ranked passages that are not its own
     paragraph and hold none of its answer strings (utils.squad.answers: normalised, whole tokens)."""
     pool = POOL_PER_NEGATIVE * count
-    ranked = ranked_passages(examples, passages, pool + 20, retriever_dir)
+    ranked = ranked_passages(examples, passages, pool + 20)
     texts = [normalized(p["text"]) for p in passages]
     out = []
     for ex, row in zip(examples, ranked):
@@ -60,7 +60,7 @@ def with_negative_passages(accelerator, args, tokenizer, train_examples, train_f
     from utils.retriever.data import load_passages
 
     passages = load_passages(args.passages)
-    pools = negative_pools(train_examples, passages, args.negative_passages, args.negatives_retriever)
+    pools = negative_pools(train_examples, passages, args.negative_passages)
     negatives = tokenize_windows(accelerator, args, tokenizer, negative_examples(train_examples, passages, pools),
                                  for_training=True, negatives=True)
     columns = [c for c in train_features.column_names if c in negatives.column_names]

@@ -1,7 +1,7 @@
 """Retrieved passages for a reader trained the way the QA system uses it: each training question read together with
 passages a retriever ranks high for it, all of them normalised together (utils.reader.shared_norm).
 
-Per question, a pool of its best-ranked passages of a corpus (BM25's, or a trained retriever's), its own paragraph
+Per question, a pool of its best-ranked passages of a corpus (BM25's), its own paragraph
 left out (it is always read); every epoch draws `passages_per_question - 1` of the pool anew, a pure function of
 (seed, epoch, question), so a resumed run draws what the interrupted one would have. A retrieved passage that holds
 one of an answerable question's answer strings (utils.squad.answers: normalised, whole tokens) is trained as a
@@ -15,33 +15,23 @@ unanswerable question are all negatives.
 
 import numpy as np
 
+from utils.retriever.bm25 import BM25
 from utils.squad.answers import answer_patterns, answer_spans, holds_answer, normalized
 
 POOL_PER_PASSAGE = 4  # a question's pool: this many candidates per passage drawn each epoch
 
 
-def ranked_passages(examples: list[dict], passages: list[dict], depth: int, retriever_dir: str | None = None
-                    ) -> list[list[int]]:
-    """Per example, the indices of its `depth` best-ranked passages (BM25, or the trained retriever's ranking)."""
-    questions = [ex["question"] for ex in examples]
-    if retriever_dir is None:
-        from utils.retriever.bm25 import BM25
-
-        _, ranked, _, _ = BM25(passages).search(questions, depth)
-        return [[int(j) for j in row] for row in ranked]
-    from utils.retriever.retriever import Retriever
-
-    where = {p["passage_id"]: i for i, p in enumerate(passages)}
-    hits = Retriever(retriever_dir).index(passages, bm25=False, progress=False).search(questions, depth)
-    return [[where[h["passage_id"]] for h in row] for row in hits]
+def ranked_passages(examples: list[dict], passages: list[dict], depth: int) -> list[list[int]]:
+    """Per example, the indices of its `depth` best-ranked passages (BM25)."""
+    _, ranked, _, _ = BM25(passages).search([ex["question"] for ex in examples], depth)
+    return [[int(j) for j in row] for row in ranked]
 
 
-def passage_pools(examples: list[dict], passages: list[dict], count: int, retriever_dir: str | None = None
-                  ) -> list[list[dict]]:
+def passage_pools(examples: list[dict], passages: list[dict], count: int) -> list[list[dict]]:
     """Per example, its pool: up to POOL_PER_PASSAGE x `count` of its best-ranked passages other than its own
     paragraph, each {"passage": index, "spans": [(start, end) characters]} (spans empty: a negative)."""
     size = POOL_PER_PASSAGE * count
-    ranked = ranked_passages(examples, passages, size + 20, retriever_dir)
+    ranked = ranked_passages(examples, passages, size + 20)
     texts = [normalized(p["text"]) for p in passages]
     pools = []
     for ex, row in zip(examples, ranked):
