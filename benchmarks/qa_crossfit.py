@@ -62,7 +62,7 @@ def readings_of(path: str) -> tuple[dict, bool]:
                 null = math.inf if p["null_score"] is None else p["null_score"]
                 readings.append({"passage_id": p["passage_id"], "retrieval_score": p["score"], "text": p["span"],
                                  "score": span, "null_score": null,
-                                 "null_minus_best": null - span if p["span"] else math.inf, "nbest": p.get("nbest"),
+                                 "null_minus_best": null - span if p["span"] else math.inf,
                                  **{k: p.get(k) for k in ("null_start", "null_end", "lse_start", "lse_end",
                                                           "selection")}})
             out[row["id"]], shared = readings, row.get("rule") == "question"
@@ -95,9 +95,6 @@ def main():
     parser.add_argument("--abstain_on", choices=["ratio", "probability"], default="ratio",
                         help="what the threshold compares: the log ratio of the no-answer to the best span (the "
                              "system's rule), or the probability of no answer (shared-normalization readers)")
-    parser.add_argument("--aggregate", action="store_true",
-                        help="answer by answer string: the summed probability of its spans over the passages "
-                             "(shared-normalization readers; utils.system.answer)")
     parser.add_argument("--retriever_weight", default="0",
                         help="the weight of the retriever's score in the answer (utils.system.answer): a number, or "
                              "tune (tuned with the threshold, as qa_system.py does; 0: the reader's scores alone)")
@@ -133,7 +130,7 @@ def main():
     calibration, calibrated_lines = [], []
     for k in args.k:
         def combined(qs, weights):
-            views = combined_at([readings[q["id"]] for q in qs], k, shared, weights, args.aggregate)
+            views = combined_at([readings[q["id"]] for q in qs], k, shared, weights)
             if args.abstain_on == "probability":
                 views = [dict(c, null_minus_best=c["no_answer_probability"]) for c in views]
             return views

@@ -16,11 +16,6 @@ null score and, for the shared rule, the log-sum-exps of its windows' logits (ut
   span's. `no_answer_probability` is the share of the start and end softmaxes (averaged) on the no-answer: a
   probability per question.
 
-With `aggregate` (shared rule only, as castorini/pygaggle does for DPR's reader) the answer is the answer text, not
-the span: the probabilities of every span (the n best of each passage) whose text normalises to the same string
-are summed over the passages, the most probable string wins (shown as its best span), and the no-answer is
-compared with it.
-
 With `retriever_weight` w > 0 (fusion with the retriever, as pygaggle does for DPR's reader) the retriever's
 confidence in each passage weighs on what is read in it: every logit of a passage, start and end, rises by
 w x its retrieval score / 2, so its spans and its no-answer are scaled by exp(w x score), a prior over the passages
@@ -54,15 +49,14 @@ def with_prior(reading: dict, prior: float) -> dict:
     scores by `prior` (the per-passage comparison, null - span, is unchanged)."""
     if not prior:
         return reading
-    out = {**reading, "score": reading["score"] + prior, "null_score": reading["null_score"] + prior,
-           "nbest": [dict(x, score=x["score"] + prior) for x in reading.get("nbest") or []]}
+    out = {**reading, "score": reading["score"] + prior, "null_score": reading["null_score"] + prior}
     for key in ("null_start", "null_end", "lse_start", "lse_end"):
         if reading.get(key) is not None:
             out[key] = reading[key] + prior / 2
     return out
 
 
-def combine(passages: list[dict], shared: bool = False, aggregate: bool = False, retriever_weight: float = 0.0,
+def combine(passages: list[dict], shared: bool = False, retriever_weight: float = 0.0,
             calibration: tuple[float, float] | None = None, selection_weight: float = 0.0) -> dict:
     """The system's view of one question from its passages' readings (each {"passage_id", "text", "score",
     "null_score", "null_minus_best"}, for `shared` "null_start", "null_end", "lse_start", "lse_end", for
@@ -70,13 +64,13 @@ def combine(passages: list[dict], shared: bool = False, aggregate: bool = False,
     over the passages (the earlier passage on equal scores), what the threshold compares and the probability of no
     answer: calibrated with `calibration` (either rule), else the shared rule's share of the softmaxes (see the
     module docstring)."""
-    out = _combined(passages, shared, aggregate, retriever_weight, selection_weight)
+    out = _combined(passages, shared, retriever_weight, selection_weight)
     if calibration is not None:
         out["no_answer_probability"] = calibrated(out["null_minus_best"], calibration)
     return out
 
 
-def _combined(passages, shared, aggregate, retriever_weight, selection_weight) -> dict:
+def _combined(passages, shared, retriever_weight, selection_weight) -> dict:
     if retriever_weight or selection_weight:
         passages = [with_prior(p, (retriever_weight * p["retrieval_score"] if retriever_weight else 0.0)
                                + (selection_weight * p["selection"] if selection_weight else 0.0)) for p in passages]
@@ -90,22 +84,7 @@ def _combined(passages, shared, aggregate, retriever_weight, selection_weight) -
     null_start, null_end = logsumexp(p["null_start"] for p in passages), logsumexp(p["null_end"] for p in passages)
     lse_start, lse_end = logsumexp(p["lse_start"] for p in passages), logsumexp(p["lse_end"] for p in passages)
     probability = (math.exp(null_start - lse_start) + math.exp(null_end - lse_end)) / 2
-    best_score = best["score"]
-    if aggregate:  # log of the summed probability of each normalised answer string (the shared normalisers cancel)
-        from utils.squad.answers import normalize_answer
-
-        strings, shown = {}, {}
-        for p in passages:
-            for span in p.get("nbest") or []:
-                key = normalize_answer(span["text"])
-                strings.setdefault(key, []).append(span["score"])
-                if key not in shown or span["score"] > shown[key]["score"]:
-                    shown[key] = {**span, "passage_id": p["passage_id"]}
-        key = max(strings, key=lambda k: (logsumexp(strings[k]), -len(k)))
-        best_score, span = logsumexp(strings[key]), shown[key]
-        out = {"text": span["text"], "passage_id": span["passage_id"], "score": best_score, "start": span.get("start"),
-               "end": span.get("end")}
-    return {**out, "null_minus_best": null_start + null_end - best_score, "no_answer_probability": probability}
+    return {**out, "null_minus_best": null_start + null_end - best["score"], "no_answer_probability": probability}
 
 
 def calibrated(null_minus_best: float, calibration: tuple[float, float]) -> float:

@@ -35,13 +35,12 @@ def weight_grid(retriever_weight: float | None = None, selection_weight: float |
             for s in (SELECTION_WEIGHTS if selection_weight is None else [selection_weight])]
 
 
-def combined_at(readings: list[list[dict]], k: int, shared: bool = False, weights: tuple = (0.0, 0.0),
-                aggregate: bool = False) -> list[dict]:
+def combined_at(readings: list[list[dict]], k: int, shared: bool = False, weights: tuple = (0.0, 0.0)) -> list[dict]:
     """The system's view of each question from its first k passages (`shared`: the rule of a reader trained with
     shared normalization; `weights`: the retriever's score and the reader's selection score fused in at these
-    weights; `aggregate`: answer by answer string; utils.system.answer)."""
+    weights; utils.system.answer)."""
     retriever_weight, selection_weight = weights
-    return [combine(passages[:k], shared, aggregate, retriever_weight=retriever_weight,
+    return [combine(passages[:k], shared, retriever_weight=retriever_weight,
                     selection_weight=selection_weight) for passages in readings]
 
 

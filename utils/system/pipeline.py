@@ -21,7 +21,7 @@ from utils.retriever.index import Index, check_k, question_list, ranked_passages
 from utils.retriever.retriever import Retriever
 from utils.system.answer import answer, combine
 
-NBEST_KEPT = 5  # spans of each passage kept for answering by answer string (utils.system.answer, aggregate)
+NBEST_KEPT = 5  # spans of each passage kept in its reading (its best first)
 
 
 class QASystem:
@@ -158,8 +158,8 @@ def answer_of(combined: dict, threshold: float | None, passages: list[dict], rea
     text = answer(combined, threshold)
     chosen = next((j for j, p in enumerate(passages) if p["passage_id"] == combined["passage_id"]), None) if text else None
     hit = passages[chosen] if chosen is not None else None
-    start = combined.get("start", readings[chosen]["start"]) if hit else None  # an aggregated answer: its own span
-    end = combined.get("end", readings[chosen]["end"]) if hit else None
+    start = readings[chosen]["start"] if hit else None
+    end = readings[chosen]["end"] if hit else None
     return {"answer": text, "passage_id": hit and hit["passage_id"], "title": hit and hit["title"],
             "text": hit and hit["text"], "start": start, "end": end,
             "score": combined["score"] if hit else None, "null_minus_best": combined["null_minus_best"],
