@@ -198,9 +198,9 @@ class Reader:
         return out
 
     @torch.no_grad()
-    def spans(self, examples: list[dict], progress: str | None = None, shared: bool | None = None) -> dict:
+    def spans(self, examples: list[dict], progress: str | None = None) -> dict:
         """Windows, forward passes in batches of `batch_size` (padded as in evaluation), span decoding. `progress`
-        names a progress bar over the windows; `shared`: the no-answer rule (default: the one it was trained for)."""
+        names a progress bar over the windows; the no-answer rule is the one it was trained for."""
         s = self.settings
         features = prepare_eval_features({k: [ex[k] for ex in examples] for k in ("id", "question", "context")},
                                          self.tokenizer, s.max_seq_length, s.doc_stride, s.max_query_length)
@@ -216,5 +216,5 @@ class Reader:
         position = {i: at for at, i in enumerate(order)}  # each window's place in the sorted batches
         starts, ends, selections = (None if xs is None else [xs[position[i]] for i in range(len(rows))]
                                     for xs in outputs)
-        return decode_examples(examples, features, starts, ends, s, shared=s.shared if shared is None else shared,
+        return decode_examples(examples, features, starts, ends, s, shared=s.shared,
                                selections=selections)

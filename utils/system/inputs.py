@@ -43,10 +43,6 @@ class SystemArgs:
         None, "Autocast precision of the encoders and the reader. Default: each model's own, the precision it was "
               "trained at (as trained).")
     batch_size: int = arg(64, "Texts per forward pass (questions, passages, reader windows).")
-    reader_rule: Optional[Literal["window", "question"]] = arg(
-        None, "How answers are chosen across passages: window (each passage read on its own, a no-answer per "
-              "passage) or question (shared normalization: one no-answer per question). Default: the one the reader "
-              "was trained for.")
 
     def validate_system(self) -> None:
         """The models and the corpus, checked before anything is loaded or created (one-line errors)."""
@@ -86,7 +82,7 @@ def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None
     reader = Reader(args.reader, device=device, batch_size=args.batch_size, precision=args.mixed_precision,
                     sort_by_length=True)
     if args.retriever == "bm25":
-        return QASystem("bm25", reader, passages=passages, progress=progress, rule=args.reader_rule,
+        return QASystem("bm25", reader, passages=passages, progress=progress,
                         retriever_weight=args.retriever_weight or 0.0, calibration=args.no_answer_calibration,
                         selection_weight=args.selection_weight or 0.0)
     retriever = Retriever(args.retriever, device=device, batch_size=args.batch_size, precision=args.mixed_precision)
@@ -99,6 +95,6 @@ def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None
 
             build_index(accelerator, retriever, args.passages, index_dir, bm25=hybrid)
             index = Index.load(index_dir, share=(accelerator.process_index, accelerator.num_processes))
-    return QASystem(retriever, reader, index=index, hybrid=args.hybrid, progress=progress, rule=args.reader_rule,
+    return QASystem(retriever, reader, index=index, hybrid=args.hybrid, progress=progress,
                     retriever_weight=args.retriever_weight or 0.0, calibration=args.no_answer_calibration,
                     selection_weight=args.selection_weight or 0.0)

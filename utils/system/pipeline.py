@@ -27,26 +27,22 @@ NBEST_KEPT = 5  # spans of each passage kept in its reading (its best first)
 class QASystem:
     def __init__(self, retriever, reader, passages=None, index=None, hybrid: bool | None = None,
                  device: str | None = None, precision: str | None = None, batch_size: int = 64,
-                 progress: bool = False, rule: str | None = None, retriever_weight: float = 0.0,
+                 progress: bool = False, retriever_weight: float = 0.0,
                  calibration: tuple[float, float] | None = None, selection_weight: float = 0.0):
         """`retriever`: a directory written by train_dpr.py (or its loaded `Retriever`), or "bm25". `reader`: a
         directory written by train_reader.py (or its loaded `Reader`). `passages`: the corpus (a JSON-lines file or a
         list of {"title", "text", "passage_id"}, checked by utils.retriever.data.load_passages), or `index`: an Index
         of it (or its directory). `hybrid`: fuse the dense ranking with BM25 at the retriever's recorded weight
         (default: when it has one). `precision`: the autocast of both models ("no", "bf16", "fp16"); default: each
-        model's own, as trained. `progress`: progress bars while indexing and reading. `rule`: how answers are
-        chosen across passages, "window" or "question" (utils.system.answer); default: the one the reader was trained
-        for (reader_settings.json). `retriever_weight`: how much the retriever's score of a passage weighs on what is
-        read in it (utils.system.answer; tuned with the threshold by qa_system.py; 0: the reader's scores alone).
+        model's own, as trained. `progress`: progress bars while indexing and reading. `retriever_weight`: how much
+        the retriever's score of a passage weighs on what is read in it (utils.system.answer; tuned with the
+        threshold by qa_system.py; 0: the reader's scores alone).
         `calibration`: (a, b) fitted by qa_system.py, which makes each answer's no_answer_probability calibrated.
         `selection_weight`: likewise for the reader's passage-selection score (a reader trained with
         --passage_selection; utils.reader.selection)."""
         if (passages is None) == (index is None):
             raise UserError("give the corpus as passages, or as an index of it (one of them)")
         self.progress = progress
-        if rule not in (None, "window", "question"):
-            raise UserError(f"rule {rule!r}: choose window or question")
-        self.rule = rule
         for name, weight in (("retriever_weight", retriever_weight), ("selection_weight", selection_weight)):
             if not weight >= 0:
                 raise UserError(f"{name} {weight}: give 0 or more")
@@ -82,9 +78,9 @@ class QASystem:
 
     @property
     def shared(self) -> bool:
-        """Whether answers follow the shared rule (a reader trained with shared normalization, unless told
-        otherwise): one no-answer per question over every passage read (utils.system.answer)."""
-        return self.reader.settings.shared if self.rule is None else self.rule == "question"
+        """Whether answers follow the shared rule (a reader trained with shared normalization): one no-answer per
+        question over every passage read (utils.system.answer)."""
+        return self.reader.settings.shared
 
     @property
     def precisions(self) -> dict:
@@ -111,8 +107,7 @@ class QASystem:
         decoding, in batches."""
         examples = [{"id": f"{i}:{r}", "question": q, "context": p["text"]}
                     for i, (q, passages) in enumerate(zip(questions, retrieved)) for r, p in enumerate(passages)]
-        decoded = self.reader.spans(examples, progress="reading" if self.progress else None,
-                                    shared=self.shared) if examples else {}
+        decoded = self.reader.spans(examples, progress="reading" if self.progress else None) if examples else {}
         out = []
         for i, passages in enumerate(retrieved):
             row = []
