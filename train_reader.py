@@ -237,7 +237,7 @@ def main(argv=None):
                     "(%d windows tokenised)", len(groups), args.passages_per_question - 1,
                     max(len(p) for p in groups.pools), windows)
     else:
-        train_features = tokenize_windows(accelerator, args, tokenizer, train_examples, for_training=True)
+        train_features = tokenize_windows(accelerator, args, tokenizer, train_examples, labels="answer")
         if len(train_features) == 0:
             raise UserError("no training windows after tokenisation")
         epoch_items = None

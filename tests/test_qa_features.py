@@ -4,7 +4,7 @@ import pytest
 from conftest import SAMPLE
 
 from utils.squad.files import load_squad
-from utils.reader.windows import prepare_eval_features, prepare_train_features, truncate_questions
+from utils.reader.windows import prepare_windows, truncate_questions
 
 
 def columns(examples):
@@ -13,8 +13,8 @@ def columns(examples):
 
 def test_labels_round_trip_to_the_answer_text_on_the_sample(tokenizer):
     examples, _ = load_squad(f"{SAMPLE}/train.json")
-    enc = prepare_train_features(columns(examples), tokenizer, 384, 128, 64)
-    offsets = prepare_eval_features(columns(examples), tokenizer, 384, 128, 64)["offset_mapping"]
+    enc = prepare_windows(columns(examples), tokenizer, 384, 128, 64, labels="answer")
+    offsets = prepare_windows(columns(examples), tokenizer, 384, 128, 64, labels="offsets")["offset_mapping"]
     assert len(offsets) == len(examples) == len(enc["input_ids"])
     answerable = 0
     for i, ex in enumerate(examples):  # contexts are short: one window per example
@@ -33,7 +33,7 @@ def test_long_context_windows_label_answers_outside_a_window_as_no_answer(tokeni
     start = context.index("1871")
     batch = {"id": ["q"], "question": ["When was it lit?"], "context": [context],
              "answers": [{"text": ["1871"], "answer_start": [start]}]}
-    enc = prepare_train_features(batch, tokenizer, 128, 32, 64)
+    enc = prepare_windows(batch, tokenizer, 128, 32, 64, labels="answer")
     assert len(enc["input_ids"]) > 3  # several overlapping windows
     labelled = [(s, e) for s, e in zip(enc["start_positions"], enc["end_positions"]) if s != 0]
     assert labelled and len(labelled) < len(enc["input_ids"])
@@ -42,7 +42,7 @@ def test_long_context_windows_label_answers_outside_a_window_as_no_answer(tokeni
             assert tokenizer.decode(enc["input_ids"][i][s:e + 1]) == "1871"
         assert len(enc["input_ids"][i]) <= 128
 
-    ev = prepare_eval_features(batch, tokenizer, 128, 32, 64)
+    ev = prepare_windows(batch, tokenizer, 128, 32, 64, labels="offsets")
     assert ev["example_id"] == ["q"] * len(ev["input_ids"])
     for i, offsets in enumerate(ev["offset_mapping"]):
         ctx = [o for o in offsets if o is not None]
@@ -69,7 +69,8 @@ def test_leading_whitespace_does_not_let_a_question_past_max_query_length(tokeni
 @pytest.mark.parametrize("stride", [0, 16])
 def test_every_context_token_is_covered_by_some_window(tokenizer, stride):
     context = " ".join(f"tok{i}" for i in range(200))
-    ev = prepare_eval_features({"id": ["q"], "question": ["Q?"], "context": [context]}, tokenizer, 64, stride, 8)
+    ev = prepare_windows({"id": ["q"], "question": ["Q?"], "context": [context]}, tokenizer, 64, stride, 8,
+                         labels="offsets")
     covered = {tuple(o) for offsets in ev["offset_mapping"] for o in offsets if o is not None}
     full = tokenizer(context, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     assert {tuple(o) for o in full} == covered

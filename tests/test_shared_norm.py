@@ -18,7 +18,7 @@ from utils.reader.passages import drawn
 from utils.reader.selection import selection_head, selection_loss
 from utils.reader.trained import load_qa_model
 from utils.reader.shared_norm import group_batch, shared_norm_loss
-from utils.reader.windows import prepare_group_features
+from utils.reader.windows import prepare_windows
 from utils.squad.answers import answer_spans
 from utils.system.answer import answer, combine
 
@@ -95,7 +95,7 @@ def test_windows_label_every_occurrence_and_a_question_without_a_visible_answer_
     assert answer_spans("Adams and Ada's loom-makers, loom, Ada", ["Ada", "loom"]) == [(29, 33), (35, 38)]
     batch = {"question": ["Who built it?", "Who built it?"], "context": [context, "A railway crosses the valley."],
              "spans": [spans, []], "pair": [0, 1]}
-    enc = prepare_group_features(batch, tokenizer, 64, 16, 16)
+    enc = prepare_windows(batch, tokenizer, 64, 16, 16, labels="spans")
     windows = [{k: enc[k][i] for k in enc} for i in range(len(enc["input_ids"]))]
     assert [w["pair"] for w in windows] == [0, 1]
     labelled = [tokenizer.decode(windows[0]["input_ids"][s:e + 1]) for s, e in zip(windows[0]["starts"],

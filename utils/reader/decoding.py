@@ -91,7 +91,7 @@ def decode_spans(example_ids, features_example_ids, features_offsets, start_logi
 
 def _token_at(offsets, n) -> tuple[dict, dict]:
     """A window's context tokens by the character a span starts at and the one it ends at: the tokens the training
-    labels take (utils.reader.windows.prepare_group_features: where characters are shared, the last token starting
+    labels take (utils.reader.windows.prepare_windows: where characters are shared, the last token starting
     at or before the span's start, the first ending at or after its end)."""
     start_at, end_at = {}, {}
     for k in range(n):

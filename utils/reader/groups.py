@@ -7,8 +7,7 @@ import numpy as np
 
 from utils.reader.passages import drawn, passage_pools
 from utils.reader.shared_norm import group_batch
-from utils.reader.windows import prepare_group_features
-from utils.reader.windows_cache import tokenize_with
+from utils.reader.windows_cache import tokenize_windows
 
 
 class QuestionGroups:
@@ -38,7 +37,7 @@ class QuestionGroups:
                               "context": passages[entry["passage"]]["text"], "spans": [list(s) for s in entry["spans"]]})
         for i, p in enumerate(pairs):
             p["pair"] = i
-        self.features = tokenize_with(accelerator, args, tokenizer, pairs, prepare_group_features)
+        self.features = tokenize_windows(accelerator, args, tokenizer, pairs, labels="spans")
         pair_of_row = np.asarray(self.features["pair"], dtype=np.int64)
         self.rows_start = np.searchsorted(pair_of_row, np.arange(len(pairs) + 1))  # pair p: rows_start[p:p+2]
         self.row_lengths = np.asarray([len(x) for x in self.features["input_ids"]], dtype=np.int64)

@@ -62,7 +62,7 @@ def with_negative_passages(accelerator, args, tokenizer, train_examples, train_f
     passages = load_passages(args.passages)
     pools = negative_pools(train_examples, passages, args.negative_passages)
     negatives = tokenize_windows(accelerator, args, tokenizer, negative_examples(train_examples, passages, pools),
-                                 for_training=True, negatives=True)
+                                 labels="answer", one_window=True)
     columns = [c for c in train_features.column_names if c in negatives.column_names]
     features = datasets.concatenate_datasets([train_features.select_columns(columns),
                                               negatives.select_columns(columns)])

@@ -30,7 +30,7 @@ class EvalSet:
 
 
 def prepare_eval_set(accelerator, args, tokenizer, examples, collate) -> EvalSet:
-    features = tokenize_windows(accelerator, args, tokenizer, examples, for_training=False)
+    features = tokenize_windows(accelerator, args, tokenizer, examples, labels="offsets")
     if len(features) == 0:
         raise UserError("no evaluation windows after tokenisation")
     inputs = [c for c in MODEL_INPUTS if c in features.column_names]

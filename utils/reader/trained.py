@@ -28,7 +28,7 @@ from utils.loop.batching import pad_batch
 from utils.loop.errors import UserError
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
 from utils.reader.selection import HEAD, attach_selection_head, selection_head
-from utils.reader.windows import prepare_eval_features
+from utils.reader.windows import prepare_windows
 
 logger = logging.getLogger("qa-amp")
 
@@ -202,8 +202,8 @@ class Reader:
         """Windows, forward passes in batches of `batch_size` (padded as in evaluation), span decoding. `progress`
         names a progress bar over the windows; the no-answer rule is the one it was trained for."""
         s = self.settings
-        features = prepare_eval_features({k: [ex[k] for ex in examples] for k in ("id", "question", "context")},
-                                         self.tokenizer, s.max_seq_length, s.doc_stride, s.max_query_length)
+        features = prepare_windows({k: [ex[k] for ex in examples] for k in ("id", "question", "context")},
+                                   self.tokenizer, s.max_seq_length, s.doc_stride, s.max_query_length, labels="offsets")
         inputs = [k for k in MODEL_INPUTS if k in features]
         rows = [{k: features[k][i] for k in inputs} for i in range(len(features["input_ids"]))]
         order = list(range(len(rows)))

@@ -1,13 +1,15 @@
-"""Turn QA examples into model inputs: sliding windows over the context with start/end labels.
+"""Turn QA examples into model inputs: sliding windows over the context, each with what its reader needs.
 
-A context longer than the window is split into overlapping windows (`doc_stride` tokens of overlap).
-Training labels point at the answer's first and last token inside a window; a window that does
-not contain the whole answer, and every window of an unanswerable question, is labelled with the
-[CLS] position (index 0), the "no answer" target of SQuAD v2 models. Evaluation features keep the
-character offsets of context tokens (None elsewhere) so spans decode back to text.
+A context longer than the window is split into overlapping windows (`doc_stride` tokens of overlap). One builder,
+`prepare_windows`, makes them all; its `labels` say what a window carries. Training labels point at an answer's
+first and last token inside a window; a window that does not contain the whole answer, and every window of an
+unanswerable question, is labelled with the [CLS] position (index 0), the "no answer" target of SQuAD v2 models.
+Evaluation windows keep the character offsets of context tokens (None elsewhere) so spans decode back to text.
 """
 
 from utils.loop.errors import UserError
+
+LABELS = ("answer", "spans", "offsets")  # what a window carries: see prepare_windows
 
 
 def check_tokenizer(tokenizer, name: str) -> None:
@@ -27,101 +29,75 @@ def truncate_questions(questions: list[str], tokenizer, max_query_length: int) -
             for q, offsets in zip(questions, enc["offset_mapping"])]
 
 
-def _windows(batch, tokenizer, max_seq_length, doc_stride, max_query_length):
+def prepare_windows(batch, tokenizer, max_seq_length, doc_stride, max_query_length, labels: str,
+                    one_window: bool = False):
+    """datasets.map(batched=True) function: (question, context) examples -> windows, each carrying its `labels`:
+    "answer" (training): `start_positions`/`end_positions` of the example's first reference answer (SQuAD train has
+    one per question), [CLS] where it is not whole in the window or there is none; "spans" (training with shared
+    normalization, utils.reader.shared_norm, on (question, passage) pairs): its `pair`, where its context starts and
+    ends, and the token spans of every character span of the pair's `spans` it holds whole (`starts`/`ends`: lists,
+    empty when it holds none); "offsets" (evaluation and prediction): its `example_id` and the character offsets of
+    its context tokens (None elsewhere). `one_window`: only the first window of each example, however long its
+    context (negative passages: an epoch's number of windows stays what was planned)."""
+    if labels not in LABELS:
+        raise ValueError(f"labels must be one of {LABELS} (got {labels!r})")
     questions = truncate_questions(batch["question"], tokenizer, max_query_length)
-    return tokenizer(
+    enc = tokenizer(
         questions,
         batch["context"],
         truncation="only_second",
         max_length=max_seq_length,
-        stride=doc_stride,
-        return_overflowing_tokens=True,
+        stride=0 if one_window else doc_stride,
+        return_overflowing_tokens=not one_window,
         return_offsets_mapping=True,
         padding=False,  # padded per batch by the collator (dynamic padding)
     )
-
-
-def prepare_train_features(batch, tokenizer, max_seq_length, doc_stride, max_query_length):
-    """datasets.map(batched=True) function: examples -> training windows with start/end positions."""
-    enc = _windows(batch, tokenizer, max_seq_length, doc_stride, max_query_length)
-    sample_map = enc.pop("overflow_to_sample_mapping")
-    offsets_all = enc.pop("offset_mapping")
-    enc["start_positions"], enc["end_positions"] = [], []
-    for i, offsets in enumerate(offsets_all):
-        answers = batch["answers"][sample_map[i]]
-        start, end = 0, 0  # [CLS]: no answer in this window
-        if answers["text"]:
-            # Train on the first reference answer (SQuAD train has one per question).
-            start_char = answers["answer_start"][0]
-            end_char = start_char + len(answers["text"][0])
+    sample_map = range(len(enc["input_ids"])) if one_window else enc.pop("overflow_to_sample_mapping")
+    if labels == "offsets":
+        enc["example_id"] = []
+        for i in range(len(enc["input_ids"])):
             seq_ids = enc.sequence_ids(i)
-            ctx_start = seq_ids.index(1)
-            ctx_end = len(seq_ids) - 1 - seq_ids[::-1].index(1)
-            if offsets[ctx_start][0] <= start_char and offsets[ctx_end][1] >= end_char:
-                start = ctx_start
-                while start <= ctx_end and offsets[start][0] <= start_char:
-                    start += 1
-                start -= 1
-                end = ctx_end
-                while end >= ctx_start and offsets[end][1] >= end_char:
-                    end -= 1
-                end += 1
-        enc["start_positions"].append(start)
-        enc["end_positions"].append(end)
-    return enc
-
-
-def prepare_eval_features(batch, tokenizer, max_seq_length, doc_stride, max_query_length):
-    """datasets.map(batched=True) function: examples -> windows that remember their example and offsets."""
-    enc = _windows(batch, tokenizer, max_seq_length, doc_stride, max_query_length)
-    sample_map = enc.pop("overflow_to_sample_mapping")
-    enc["example_id"] = []
-    for i in range(len(enc["input_ids"])):
-        seq_ids = enc.sequence_ids(i)
-        enc["example_id"].append(batch["id"][sample_map[i]])
-        enc["offset_mapping"][i] = [o if seq_ids[k] == 1 else None for k, o in enumerate(enc["offset_mapping"][i])]
-    return enc
-
-
-def prepare_negative_features(batch, tokenizer, max_seq_length, doc_stride, max_query_length):
-    """datasets.map function: (question, passage without its answer) -> one window, labelled with [CLS] (no answer).
-    One window each, however long the passage: an epoch's number of windows stays what was planned."""
-    questions = truncate_questions(batch["question"], tokenizer, max_query_length)
-    enc = tokenizer(questions, batch["context"], truncation="only_second", max_length=max_seq_length, padding=False)
-    enc["start_positions"] = [0] * len(enc["input_ids"])
-    enc["end_positions"] = [0] * len(enc["input_ids"])
-    return enc
-
-
-def prepare_group_features(batch, tokenizer, max_seq_length, doc_stride, max_query_length):
-    """datasets.map function for readers trained with shared normalization: (question, passage) pairs -> windows,
-    each with its pair, where its context starts and ends, and the token spans of every answer occurrence it holds
-    whole (`starts`/`ends`: lists, empty when it holds none). The loss pools a question's windows
-    (utils.reader.shared_norm)."""
-    enc = _windows(batch, tokenizer, max_seq_length, doc_stride, max_query_length)
-    sample_map = enc.pop("overflow_to_sample_mapping")
+            enc["example_id"].append(batch["id"][sample_map[i]])
+            enc["offset_mapping"][i] = [o if seq_ids[k] == 1 else None for k, o in enumerate(enc["offset_mapping"][i])]
+        return enc
     offsets_all = enc.pop("offset_mapping")
-    for key in ("pair", "context_start", "context_end", "starts", "ends"):
+    columns = ("start_positions", "end_positions") if labels == "answer" else \
+        ("pair", "context_start", "context_end", "starts", "ends")
+    for key in columns:
         enc[key] = []
     for i, offsets in enumerate(offsets_all):
-        seq_ids = enc.sequence_ids(i)
-        ctx_start = seq_ids.index(1)
-        ctx_end = len(seq_ids) - 1 - seq_ids[::-1].index(1)
-        starts, ends = [], []
-        for start_char, end_char in batch["spans"][sample_map[i]]:
-            if not (offsets[ctx_start][0] <= start_char and offsets[ctx_end][1] >= end_char):
-                continue  # not whole in this window
-            start = ctx_start
-            while start <= ctx_end and offsets[start][0] <= start_char:
-                start += 1
-            end = ctx_end
-            while end >= ctx_start and offsets[end][1] >= end_char:
-                end -= 1
-            starts.append(start - 1)
-            ends.append(end + 1)
+        if labels == "answer":
+            answers, whole = batch["answers"][sample_map[i]], []
+            if answers["text"]:
+                first = answers["answer_start"][0]
+                whole = _whole_spans(enc.sequence_ids(i), offsets, [(first, first + len(answers["text"][0]))])[1]
+            start, end = whole[0] if whole else (0, 0)  # [CLS]: no answer in this window
+            enc["start_positions"].append(start)
+            enc["end_positions"].append(end)
+            continue
+        (ctx_start, ctx_end), whole = _whole_spans(enc.sequence_ids(i), offsets, batch["spans"][sample_map[i]])
         enc["pair"].append(batch["pair"][sample_map[i]])
         enc["context_start"].append(ctx_start)
         enc["context_end"].append(ctx_end)
-        enc["starts"].append(starts)
-        enc["ends"].append(ends)
+        enc["starts"].append([start for start, _ in whole])
+        enc["ends"].append([end for _, end in whole])
     return enc
+
+
+def _whole_spans(seq_ids, offsets, spans) -> tuple[tuple[int, int], list[tuple[int, int]]]:
+    """A window's context (its first and last token) and the (first, last) tokens of each character span of `spans`
+    it holds whole, in order."""
+    ctx_start = seq_ids.index(1)
+    ctx_end = len(seq_ids) - 1 - seq_ids[::-1].index(1)
+    whole = []
+    for start_char, end_char in spans:
+        if not (offsets[ctx_start][0] <= start_char and offsets[ctx_end][1] >= end_char):
+            continue  # not whole in this window
+        start = ctx_start
+        while start <= ctx_end and offsets[start][0] <= start_char:
+            start += 1
+        end = ctx_end
+        while end >= ctx_start and offsets[end][1] >= end_char:
+            end -= 1
+        whole.append((start - 1, end + 1))
+    return (ctx_start, ctx_end), whole

@@ -7,25 +7,19 @@ import os
 
 import datasets
 
-from utils.reader.windows import prepare_eval_features, prepare_negative_features, prepare_train_features
+from utils.reader.windows import prepare_windows
 
 datasets.disable_progress_bars()  # one bar per tokenisation pass and cache load: noise, not information
 
 
-def tokenize_windows(accelerator, args, tokenizer, examples, for_training: bool, negatives: bool = False):
-    """Training windows with labels, evaluation windows with offsets, or (`negatives`) one unanswerable window per
-    (question, negative passage)."""
-    fn = prepare_negative_features if negatives else prepare_train_features if for_training else prepare_eval_features
-    return tokenize_with(accelerator, args, tokenizer, examples, fn)
-
-
-def tokenize_with(accelerator, args, tokenizer, examples, fn):
-    """`examples` through the windowing function `fn` at the run's window settings, cached (see cached_map)."""
+def tokenize_windows(accelerator, args, tokenizer, examples, labels: str, one_window: bool = False):
+    """`examples` through utils.reader.windows.prepare_windows (`labels`, `one_window`: what the windows carry, and
+    whether only each example's first) at the run's window settings, cached (see cached_map)."""
     vocab = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
     settings = dict(max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
-                    max_query_length=args.max_query_length)
-    return cached_map(accelerator, examples, fn, dict(tokenizer=tokenizer, **settings), dict(vocab=vocab, **settings),
-                      args.cache_dir, args.preprocessing_num_workers)
+                    max_query_length=args.max_query_length, labels=labels, one_window=one_window)
+    return cached_map(accelerator, examples, prepare_windows, dict(tokenizer=tokenizer, **settings),
+                      dict(vocab=vocab, **settings), args.cache_dir, args.preprocessing_num_workers)
 
 
 def cached_map(accelerator, examples: list[dict], fn, fn_kwargs: dict, key_parts: dict, cache_dir: str | None,
