@@ -1,6 +1,7 @@
-"""Print the README's flag tables from the scripts' argument dataclasses, so the manual says what --help says.
+"""Print docs/FLAGS.md, the flag tables of every script, from the scripts' argument dataclasses: the manual says
+what --help says.
 
-    python scripts/flag_tables.py          # paste over the tables in README.md (tests/test_configs_and_docs.py checks)
+    python scripts/flag_tables.py > docs/FLAGS.md      # after changing a flag (tests/test_configs_and_docs.py checks)
 """
 
 import dataclasses
@@ -48,5 +49,16 @@ def tables() -> dict[str, str]:
             INTROS["serve"]: table(dataclasses.fields(ServeArgs)), INTROS["index"]: table(dataclasses.fields(IndexArgs))}
 
 
+HEADING = """# Flags
+
+Every flag of every script, generated from the scripts' argument dataclasses by `python scripts/flag_tables.py >
+docs/FLAGS.md` (do not edit by hand): what `--help` says. Back to the [README](../README.md)."""
+
+
+def page() -> str:
+    """docs/FLAGS.md: the heading, then each intro line and its table."""
+    return "\n\n".join([HEADING] + [f"{intro}\n\n{body}" for intro, body in tables().items()])
+
+
 if __name__ == "__main__":
-    print("\n\n".join(f"{intro}\n\n{body}" for intro, body in tables().items()))
+    print(page())
