@@ -12,8 +12,8 @@ users run on transformers 4.x. Not part of the test suite: it needs three enviro
     #    transformers <5 but works only up to 4.51.3 (4.52: DPR query tokenisation gets truncation_strategy
     #    twice; 4.53+: `SequenceSummary` is gone from transformers.modeling_utils and Haystack fails to import).
     HAYSTACK_TELEMETRY_ENABLED=False VH/bin/python scripts/check_compat.py haystack --out /tmp/compat
-    # 4. Haystack 3.x, on the pinned stack: the README's install line (python3 -m venv VH3; VH3/bin/pip install
-    #    -c requirements.txt torch transformers "haystack-ai==3.4.*" transformers-haystack==2.0.0
+    # 4. Haystack 3.x, on the pinned stack: docs/COMPATIBILITY.md's install line (python3 -m venv VH3;
+    #    VH3/bin/pip install -c requirements.txt torch transformers "haystack-ai==3.4.*" transformers-haystack==2.0.0
     #    sentence-transformers-haystack==2.0.0)
     HAYSTACK_TELEMETRY_ENABLED=False VH3/bin/python scripts/check_compat.py haystack3 --out /tmp/compat
 
@@ -44,7 +44,7 @@ What is compared (embeddings and logits with atol 1e-5):
   sample's corpus for every DPR dev question, against the top 5 of the project's Retriever API; for the
   sentence-trained retrievers the documents are split into the project's sentence windows (DocumentSplitter with
   the project's split as its function) and a passage ranks by its best window. `train` records those rankings.
-  And the README's Haystack 3.x snippet, run as it stands (read from README.md, only its three paths changed) on the
+  And the Haystack 3.x snippet of docs/COMPATIBILITY.md, run as it stands (only its three paths changed) on the
   reader and each MiniLM retriever: its top 5 passages against the Retriever API's (trained without titles) or
   the same setting's ranking above (with titles), its answers against the Reader API's best span of any length
   over the same top 5 passages (recorded by `train`), equal once the reader is fed the token_type_ids.
@@ -161,7 +161,7 @@ def max_diff(a, b):
 # The train step's retrievers: the tiny BERT and the packaged MiniLM, each on whole passages and on sentences.
 # And the MiniLM one on passages without their titles (--embed_title false): what Haystack's default embeds.
 RETRIEVERS = ("dpr", "dpr-sentences", "dpr-minilm", "dpr-minilm-sentences", "dpr-minilm-text")
-# Those the README's Haystack 3.x snippet is run on: the tiny BERT's rankings are near-ties (see train).
+# Those the Haystack 3.x snippet (docs/COMPATIBILITY.md) is run on: the tiny BERT's rankings are near-ties.
 SNIPPET_RETRIEVERS = ("dpr-minilm", "dpr-minilm-sentences", "dpr-minilm-text")
 
 
@@ -199,8 +199,8 @@ def project_retrieval(out):
 
 
 def project_answers(out, retrieval):
-    """With the project's environment: for every DPR dev question and each retriever the README snippet is run on,
-    the Reader API's best span over that retriever's top 5 passages (any length, no null threshold: the rule of
+    """With the project's environment: for every DPR dev question and each retriever the Haystack 3.x snippet is run
+    on, the Reader API's best span over that retriever's top 5 passages (any length, no null threshold: the rule of
     Haystack's reader with no_answer=False; among equal scores the first passage)."""
     from dataclasses import replace
 
@@ -595,38 +595,39 @@ def haystack3_retrieval(out, reference):
     return checks, rankings
 
 
-README_MARKER = "<!-- scripts/check_compat.py haystack3 runs the next block"
+SNIPPET_PAGE = os.path.join("docs", "COMPATIBILITY.md")  # the Haystack 3.x section's snippet
+SNIPPET_MARKER = "<!-- scripts/check_compat.py haystack3 runs the next block"
 
 
-def readme_snippet():
-    """The README's Haystack 3.x snippet: the ```python block after README_MARKER."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
-    found = re.search(re.escape(README_MARKER) + r".*?-->\s*```python\n(.*?)\n```", readme, re.S)
+def haystack3_snippet():
+    """The Haystack 3.x snippet users copy: the ```python block after SNIPPET_MARKER in SNIPPET_PAGE."""
+    with open(os.path.join(ROOT, SNIPPET_PAGE)) as f:
+        page = f.read()
+    found = re.search(re.escape(SNIPPET_MARKER) + r".*?-->\s*```python\n(.*?)\n```", page, re.S)
     if not found:
-        sys.exit(f"README.md: no ```python block after {README_MARKER!r}")
+        sys.exit(f"{SNIPPET_PAGE}: no ```python block after {SNIPPET_MARKER!r}")
     return found.group(1)
 
 
 def run_snippet(reader_dir, retriever_dir, corpus):
-    """Runs the README snippet as it stands with its three paths replaced; returns its variables (ask, query...)."""
-    code = readme_snippet()
+    """Runs the Haystack 3.x snippet as it stands with its three paths replaced; returns its variables (ask...)."""
+    code = haystack3_snippet()
     for path, value in (("outputs/reader", reader_dir), ("outputs/dpr", retriever_dir),
                         ("data/sample/dpr_passages.jsonl", corpus)):
         if code.count(f'"{path}"') != 1:
-            sys.exit(f"README snippet: expected the path \"{path}\" once")
+            sys.exit(f"{SNIPPET_PAGE} snippet: expected the path \"{path}\" once")
         code = code.replace(f'"{path}"', json.dumps(value))
     sys.path.insert(0, ROOT)  # its one import from the project (it says: the project's root on the path)
-    namespace = {"__name__": "readme_haystack3"}
-    exec(compile(code, "README.md (Haystack 3.x snippet)", "exec"), namespace)
+    namespace = {"__name__": "haystack3_snippet"}
+    exec(compile(code, f"{SNIPPET_PAGE} (Haystack 3.x snippet)", "exec"), namespace)
     return namespace
 
 
-def haystack3_readme(out, reference, rankings):
-    """The README snippet on the reader and each MiniLM retriever, its results checked against what the steps above
-    compare: its top 5 passages (by best window) against the Retriever API's where Haystack embeds what the project
-    does (trained without titles), else against the ranking measured above for the snippet's setting; its answers
-    against the Reader API's best span over the project's top 5 (the same passages where the rankings agree): a
+def haystack3_snippet_checks(out, reference, rankings):
+    """The Haystack 3.x snippet on the reader and each MiniLM retriever, its results checked against what the steps
+    above compare: its top 5 passages (by best window) against the Retriever API's where Haystack embeds what the
+    project does (trained without titles), else against the ranking measured above for the snippet's setting; its
+    answers against the Reader API's best span over the project's top 5 (the same passages where the rankings agree): a
     note, as the reader sees no token_type_ids, and exactly once it is fed them (the diagnostic)."""
     recorded, questions = reference["retrieval"], retrieval_questions()
 
@@ -644,7 +645,7 @@ def haystack3_readme(out, reference, rankings):
 
     checks = {}
     for name in SNIPPET_RETRIEVERS:
-        ours, label = recorded[name], f"{name}: README snippet"
+        ours, label = recorded[name], f"{name}: COMPATIBILITY.md snippet"
         print(f"{label}:", flush=True)
         snippet = run_snippet(os.path.join(out, "reader"), os.path.join(out, name),
                               os.path.join(SAMPLE, "dpr_passages.jsonl"))
@@ -680,7 +681,8 @@ def haystack3(out):
     SentenceTransformers embedders with InMemoryDocumentStore and InMemoryEmbeddingRetriever."""
     reference = load_reference(out)
     retrieval_checks, rankings = haystack3_retrieval(out, reference)
-    checks = {**haystack3_reader(out, reference), **retrieval_checks, **haystack3_readme(out, reference, rankings)}
+    checks = {**haystack3_reader(out, reference), **retrieval_checks,
+              **haystack3_snippet_checks(out, reference, rankings)}
     return {"step": "haystack3", "checks": checks,
             "versions": versions("haystack-ai", "transformers-haystack", "sentence-transformers-haystack", "torch",
                                  "transformers", "tokenizers", "huggingface_hub", "sentence-transformers")}
