@@ -8,11 +8,10 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       Retrieves (dense + BM25 hybrid at the retriever's recorded weight), reads the top passages and answers;
       with labelled questions it reports, for k = 1, 3, 5, 10 passages read, end-to-end EM/F1 (total, HasAns,
       NoAns), the retriever's recall@k of an answer-bearing passage, the reader's F1 on the gold paragraphs (the
-      ceiling) and questions/s. The no-answer threshold and the weight of the retriever's score in the answer (and
-      of the reader's passage-selection score, for a reader trained with one) are tuned, and the probability of no
-      answer calibrated, on --validation_file for each k (here the same file: an upper bound, and said so): give
-      the row's settings to serve.py as --no_answer_threshold, --retriever_weight, --selection_weight and
-      --no_answer_calibration. docs/RESULTS.md has the numbers.
+      ceiling) and questions/s. The no-answer threshold and the weight of the retriever's score in the answer are
+      tuned, and the probability of no answer calibrated, on --validation_file for each k (here the same file: an
+      upper bound, and said so): give the row's settings to serve.py as --no_answer_threshold, --retriever_weight
+      and --no_answer_calibration. docs/RESULTS.md has the numbers.
 
   python qa_system.py --retriever bm25 --reader outputs/reader-squad --passages corpus.jsonl \
       --questions questions.jsonl --no_answer_threshold -3.2 --output_dir outputs/qa-bm25
@@ -25,10 +24,9 @@ utils/system/answer.py) -> measure. Outputs in --output_dir, written together wh
 holding an earlier run's is refused unless --overwrite_output_dir, and then replaced as a whole; an interrupted run
 leaves nothing): predictions.json (id -> answer text, "" for no answer, at --top_k: what the official SQuAD v2
 evaluation script reads), details.jsonl (per question the answer, the passage it was taken from and its score,
-null when the system abstains, and the passages read with each one's best span, null score and, for a reader
-trained with --passage_selection, selection score), eval_results.json (the table, with each k's threshold and
-weights, and the precision each model ran at) and, with --passages and a trained retriever, index/ (the corpus
-indexed: give it as --index next time).
+null when the system abstains, and the passages read with each one's best span and null score), eval_results.json
+(the table, with each k's threshold and weight, the precision each model ran at) and, with --passages and a trained
+retriever, index/ (the corpus indexed: give it as --index next time).
 """
 
 import logging
@@ -180,35 +178,34 @@ def main(argv=None):
                   f"tuned on {args.validation_file}" if validation is not None else "the reader's recorded threshold")
 
         def tuned(tuning_readings, kk, fuse=True):
-            """((retriever weight, selection weight), threshold, calibration) at kk: given, tuned and fitted on the
+            """(retriever weight, threshold, calibration) at kk: given, tuned and fitted on the
             validation questions, or the reader's threshold with no fusion; gold paragraphs, one passage without a
             retrieval score, are read unfused."""
-            weights = (system.retriever_weight, system.selection_weight) if fuse else (0.0, 0.0)
+            weight = system.retriever_weight if fuse else 0.0
             if args.no_answer_threshold is not None:
-                return weights, args.no_answer_threshold, args.no_answer_calibration
+                return weight, args.no_answer_threshold, args.no_answer_calibration
             if tuning_readings is None:
-                return weights, system.recorded_threshold, args.no_answer_calibration
-            grid = weight_grid(args.retriever_weight, args.selection_weight if system.reader.selects else 0.0) \
-                if fuse else [weights]
-            weights, threshold = tune(validation, lambda w: combined_at(tuning_readings, kk, system.shared, w), grid)
+                return weight, system.recorded_threshold, args.no_answer_calibration
+            grid = weight_grid(args.retriever_weight) if fuse else [weight]
+            weight, threshold = tune(validation, lambda w: combined_at(tuning_readings, kk, system.shared, w), grid)
             if not fuse or args.no_answer_calibration:  # the gold paragraphs' ceiling needs no calibration
-                return weights, threshold, args.no_answer_calibration
-            fitted = fit_calibration(validation, combined_at(tuning_readings, kk, system.shared, weights))
-            return weights, threshold, fitted
+                return weight, threshold, args.no_answer_calibration
+            fitted = fit_calibration(validation, combined_at(tuning_readings, kk, system.shared, weight))
+            return weight, threshold, fitted
 
         settings = {kk: tuned(v_readings, kk) for kk in bands}
 
         # --- measure, write ----------------------------------------------------------------------------
         rows = []
         for kk in bands:
-            weights, threshold, calibration = settings[kk]
-            row = {"k": kk, "threshold": threshold, "retriever_weight": weights[0], "selection_weight": weights[1],
+            weight, threshold, calibration = settings[kk]
+            row = {"k": kk, "threshold": threshold, "retriever_weight": weight,
                    "no_answer_calibration": calibration,
                    "questions_per_second": questions_per_second(times, kk, len(questions)),
                    "reading_share": reading_share(times, kk)}
             if is_labelled:
                 row["recall"] = recall(questions, retrieved, kk)
-                row.update(scores(questions, combined_at(readings, kk, system.shared, weights), threshold))
+                row.update(scores(questions, combined_at(readings, kk, system.shared, weight), threshold))
             rows.append(row)
         ceiling = None
         if gold is not None:
@@ -248,17 +245,16 @@ def write_outputs(accelerator, directory, questions, retrieved, readings, top_k,
     """predictions.json ({id: answer text}, the official SQuAD v2 evaluation's input) and details.jsonl: per
     question its answer at top_k, the passage it was taken from and its score (null on an abstention), its
     offsets in that passage, the log ratio the threshold compares (null_minus_best), and every passage read
-    (retrieval score, best span, span and null scores, null for a passage without a span; the selection score,
-    null for a reader without one). `setting`: ((retriever weight,
-    selection weight), threshold, calibration) at top_k."""
+    (retrieval score, best span, span and null scores, null for a passage without a span). `setting`: (retriever
+    weight, threshold, calibration) at top_k."""
     if not accelerator.is_main_process:
         return
-    (retriever_weight, selection_weight), threshold, calibration = setting
+    retriever_weight, threshold, calibration = setting
     predictions = {}
     with open(os.path.join(directory, "details.jsonl"), "w", encoding="utf-8") as f:
         for q, passages, reads in zip(questions, retrieved, readings):
-            a = answer_of(combine(reads[:top_k], shared, retriever_weight=retriever_weight, calibration=calibration,
-                                  selection_weight=selection_weight), threshold, passages[:top_k], reads[:top_k])
+            a = answer_of(combine(reads[:top_k], shared, retriever_weight=retriever_weight, calibration=calibration),
+                          threshold, passages[:top_k], reads[:top_k])
             predictions[q["id"]] = a["answer"]
             f.write(json_line({"id": q["id"], "question": q["question"], "answer": a["answer"],
                                "passage_id": a["passage_id"], "score": a["score"], "start": a["start"],
@@ -268,8 +264,7 @@ def write_outputs(accelerator, directory, questions, retrieved, readings, top_k,
                                "passages": [{"passage_id": p["passage_id"], "score": p["score"], "span": r["text"],
                                              "span_score": r["score"], "null_score": r["null_score"],
                                              "nbest": [{"text": x["text"], "score": x["score"]} for x in r["nbest"]],
-                                             **{k: r[k] for k in ("null_start", "null_end", "lse_start", "lse_end",
-                                                                  "selection")}}
+                                             **{k: r[k] for k in ("null_start", "null_end", "lse_start", "lse_end")}}
                                             for p, r in zip(passages, reads)]}) + "\n")
     write_json(accelerator, os.path.join(directory, "predictions.json"), predictions)
 

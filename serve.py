@@ -6,8 +6,8 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       Loads the models and the index once, then serves on http://127.0.0.1:8000 (127.0.0.1 unless --host says
       otherwise): the page at /, `POST /ask` {"question": "..." or [...], "k": 5}, `GET /health`, the OpenAPI docs at
       /docs. The same question gets the same answer as qa_system.py at the same threshold and weights (the reader's
-      recorded threshold and no weights unless --no_answer_threshold, --retriever_weight and --selection_weight; a
-      qa_system.py run with --validation_file tunes them, and --no_answer_calibration, per k).
+      recorded threshold and no weight unless --no_answer_threshold and --retriever_weight; a qa_system.py run with
+      --validation_file tunes them, and --no_answer_calibration, per k).
 
   python serve.py --retriever bm25 --reader outputs/reader-squad --passages corpus.jsonl --port 8080
       BM25 over a corpus given as passages (a trained retriever embeds them at start instead).

@@ -124,10 +124,6 @@ class ReaderArgs(TrainArgs):
                                         "softmax for the start and one for the end (shared normalization): a reader "
                                         "whose scores compare across the passages the QA system gives it, with one "
                                         "no-answer decision per question. 1: one paragraph at a time.")
-    passage_selection: bool = arg(False, "With --passages_per_question: also train DPR's passage-selection score (a "
-                                         "linear head on each window's [CLS], one softmax over the windows a question "
-                                         "reads, the ones holding its answer the targets), which the QA system can "
-                                         "weigh on each passage read (qa_system.py --selection_weight).")
     passages: Optional[str] = arg(None, "The corpus the negative or retrieved passages come from (JSON lines of "
                                         "title/text/passage_id).")
     preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
@@ -155,9 +151,6 @@ class ReaderArgs(TrainArgs):
         if retrieving and self.passages is None:
             raise UserError(f"{'--negative_passages N' if self.negative_passages else '--passages_per_question M'} "
                             "needs --passages (the corpus its passages come from)")
-        if self.passage_selection and self.passages_per_question < 2:
-            raise UserError("--passage_selection picks among the passages a question reads: give "
-                            "--passages_per_question M (more than 1)")
         if not retrieving and self.passages is not None:
             raise UserError("--passages is for --negative_passages N or --passages_per_question M (more than 1)")
         check_model_dir(self.model_name_or_path, "model_name_or_path")
@@ -259,7 +252,7 @@ def main(argv=None):
                 "v2 (with unanswerable questions)" if with_no_answer else "v1.1")
 
     # --- model ---------------------------------------------------------------------------------------
-    model = load_qa_model(args.model_name_or_path, trained=False, selection=args.passage_selection)
+    model = load_qa_model(args.model_name_or_path, trained=False)
     optimizer = build_optimizer(model, args, accelerator.device)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
 

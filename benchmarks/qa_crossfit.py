@@ -19,7 +19,7 @@ its expected calibration error and Brier score; and the shift again with the sha
 probability allows: the probability at the threshold tuned on one half kept as the cut, the other half's odds moved
 by the ratio of its share's odds to the tuning half's. With --retriever_weight tune the weight of the retriever's
 score in the answer (utils.system.answer) is tuned with the threshold wherever a threshold is, as qa_system.py
-does; a number fixes it; --selection_weight likewise for the reader's passage-selection score.
+does; a number fixes it.
 
 A half (or the file) without an unanswerable question, SQuAD v1.1 data, has nothing to tune a threshold on: what is
 scored at its settings answers every question, as a SQuAD v1.1 reader does, and no calibration is fitted on it; the
@@ -63,8 +63,7 @@ def readings_of(path: str) -> tuple[dict, bool]:
                 readings.append({"passage_id": p["passage_id"], "retrieval_score": p["score"], "text": p["span"],
                                  "score": span, "null_score": null,
                                  "null_minus_best": null - span if p["span"] else math.inf,
-                                 **{k: p.get(k) for k in ("null_start", "null_end", "lse_start", "lse_end",
-                                                          "selection")}})
+                                 **{k: p.get(k) for k in ("null_start", "null_end", "lse_start", "lse_end")}})
             out[row["id"]], shared = readings, row.get("rule") == "question"
     return out, shared
 
@@ -98,9 +97,6 @@ def main():
     parser.add_argument("--retriever_weight", default="0",
                         help="the weight of the retriever's score in the answer (utils.system.answer): a number, or "
                              "tune (tuned with the threshold, as qa_system.py does; 0: the reader's scores alone)")
-    parser.add_argument("--selection_weight", default="0",
-                        help="the weight of the reader's passage-selection score (a reader trained with "
-                             "--passage_selection): a number, or tune (with the retriever's, as qa_system.py does)")
     args = parser.parse_args()
 
     questions = load_questions(args.questions, need_context=False)
@@ -111,11 +107,7 @@ def main():
     if beyond:  # scored with the passages there are, a row would be labelled with a k the run never read
         raise UserError(f"--k {', '.join(map(str, beyond))}: {args.run} read {largest} passages per question (its "
                         f"k's: {ks}); give k from 1 to {largest}")
-    scored = all(r["selection"] is not None for passages in readings.values() for r in passages)
-    if (args.selection_weight == "tune" or float(args.selection_weight)) and not scored:
-        raise UserError(f"{args.run}: its reader scored no passage selection (trained without "
-                        "--passage_selection): --selection_weight needs one")
-    weights = weight_grid(*(None if w == "tune" else float(w) for w in (args.retriever_weight, args.selection_weight)))
+    weights = weight_grid(None if args.retriever_weight == "tune" else float(args.retriever_weight))
     halves = [[q for q in questions if paragraph[q["id"]] % 2 == h] for h in (0, 1)]
     print(f"{args.run}: {len(questions)} questions, halves of {len(halves[0])} / {len(halves[1])} questions "
           f"({len(set(paragraph.values()))} paragraphs)")
@@ -125,21 +117,21 @@ def main():
                   "questions scored at its settings are all answered) and no calibration is fitted on it")
     print("| k | F1 (threshold tuned on the file: upper bound) | F1 cross-fitted | EM | HasAns F1 | NoAns F1 | "
           "F1 at 50% unanswerable, threshold tuned on the other half (A->B, B->A, mean; abstaining: 50) | "
-          "weights, retriever/selection (on the file; the halves) |")
+          "retriever weight (on the file; the halves) |")
     print("|---|---|---|---|---|---|---|---|")
     calibration, calibrated_lines = [], []
     for k in args.k:
-        def combined(qs, weights):
-            views = combined_at([readings[q["id"]] for q in qs], k, shared, weights)
+        def combined(qs, weight):
+            views = combined_at([readings[q["id"]] for q in qs], k, shared, weight)
             if args.abstain_on == "probability":
                 views = [dict(c, null_minus_best=c["no_answer_probability"]) for c in views]
             return views
 
-        def tuned(qs):  # (weights, threshold) tuned on these questions
+        def tuned(qs):  # (retriever weight, threshold) tuned on these questions
             if unanswerable_share(qs):
                 return tune(qs, lambda w: combined(qs, w), weights)
-            # nothing to abstain on: threshold None, as for a SQuAD v1.1 reader; the weights (the smaller on equal
-            # F1, as tune picks them) by the F1 of answering every question
+            # nothing to abstain on: threshold None, as for a SQuAD v1.1 reader; the weight (the smaller on equal
+            # F1, as tune picks it) by the F1 of answering every question
             return max(sorted(weights), key=lambda w: scores(qs, combined(qs, w), None)["f1"]), None
 
         weight, threshold = tuned(questions)
@@ -160,7 +152,7 @@ def main():
         print(f"| {k} | {upper['f1']:.2f} | {crossed['f1']:.2f} | {crossed['exact']:.2f} | "
               f"{crossed.get('HasAns_f1', float('nan')):.2f} | {crossed.get('NoAns_f1', float('nan')):.2f} | "
               f"{shifted[1]:.2f}, {shifted[0]:.2f}, {sum(shifted) / 2:.2f} | "
-              f"{_pair(weight)}; {_pair(half_settings[1][0])}, {_pair(half_settings[0][0])} |")
+              f"{weight:g}; {half_settings[1][0]:g}, {half_settings[0][0]:g} |")
         if args.abstain_on == "probability":
             calibration.append((k, *_calibration(questions, combined(questions, weight))))
     for k, fitted in calibrated_lines:
@@ -176,16 +168,13 @@ def main():
               f"(10 bins), Brier {brier:.3f}; mean P {mean_p:.3f} for a share of {share:.3f} unanswerable")
 
 
-def _pair(weights) -> str:
-    return "/".join(f"{w:g}" for w in weights)
-
-
 def _calibrated_across(halves, combined, settings):
     """The calibration fitted on each half and applied to the other: (ECE, Brier, mean P, share unanswerable) over
     both halves' questions, and per half the F1 reweighted to 50% unanswerable when its share is known: abstain
     where the calibrated probability, its odds moved from the tuning half's share to 1:1, passes the probability
-    that the tuning half's threshold stood for. `settings[h]`: (weights, threshold) tuned on the other half. A half
-    without an unanswerable question, or without an answerable one, fits no calibration: then why, instead."""
+    that the tuning half's threshold stood for. `settings[h]`: (retriever weight, threshold) tuned on the other
+    half. A half without an unanswerable question, or without an answerable one, fits no calibration: then why,
+    instead."""
     for name, half in (("half A", halves[0]), ("half B", halves[1])):
         if unanswerable_share(half) in (0.0, 1.0):
             return f"{name} has no {'unanswerable' if unanswerable_share(half) == 0 else 'answerable'} question"

@@ -146,43 +146,6 @@ def test_the_api_at_a_runs_settings_answers_as_the_run(models, tmp_path):
         [a["answer"] for a in system.ask([q["question"] for q in questions], k=3, threshold=None)]  # it weighs
 
 
-def test_a_readers_passage_selection_is_weighed_as_tuned_and_the_api_answers_as_the_run(tiny_bert_dir, models,
-                                                                                        tmp_path):
-    """A reader trained with DPR's passage-selection head: qa_system.py tunes the selection score's weight with the
-    retriever's, every passage read carries its score, and the API at the row's settings answers as the run."""
-    from utils.system.measure import SELECTION_WEIGHTS
-
-    reader, out = str(tmp_path / "selecting"), str(tmp_path / "qa")
-    run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", reader, "--max_train_steps", 6,
-               "--learning_rate", 1e-3, "--per_device_train_batch_size", 4, "--passages_per_question", 2,
-               "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--passage_selection", "true",
-               "--eval_before_training", "false")
-    qa((reader, models[1]), out, "--validation_file", f"{SAMPLE}/dev.json", "--top_k", 3)
-    rows = json.load(open(f"{out}/eval_results.json"))["rows"]
-    assert all(r["selection_weight"] in SELECTION_WEIGHTS for r in rows)
-    details = [json.loads(line) for line in open(f"{out}/details.jsonl")]
-    assert all(isinstance(p["selection"], float) for d in details for p in d["passages"])
-    row = next(r for r in rows if r["k"] == 3)
-    questions = [q["question"] for a in json.load(open(f"{SAMPLE}/dev.json"))["data"] for p in a["paragraphs"]
-                 for q in p["qas"]]
-    corpus = f"{SAMPLE}/dpr_passages.jsonl"
-    system = QASystem(models[1], reader, passages=corpus, device="cpu", retriever_weight=row["retriever_weight"],
-                      selection_weight=row["selection_weight"], calibration=row["no_answer_calibration"])
-    asked = system.ask(questions, k=3, threshold=row["threshold"])
-    # the tuned threshold is some question's own log ratio, which the API reads in other batches (float32 noise
-    # in the last digits, times the weight): only a question at the cut may fall the other way
-    differ = [a for a, d in zip(asked, details) if a["answer"] != d["answer"]]
-    assert all(a["null_minus_best"] == pytest.approx(row["threshold"], abs=1e-4) for a in differ) and len(differ) <= 1
-    # weighed overwhelmingly, it answers from the passage the reader selects (this little-trained reader's
-    # selection scores differ by thousandths)
-    selecting = QASystem(models[1], system.reader, passages=corpus, selection_weight=1e6)
-    for a in selecting.ask(questions, k=3, threshold=None):
-        read = [p for p in a["passages"] if p["reading"]["text"]]
-        assert a["passage_id"] == max(read, key=lambda p: p["reading"]["selection"])["passage_id"]
-    with pytest.raises(UserError, match="the reader has no passage-selection score"):
-        QASystem(models[1], models[0], passages=corpus, device="cpu", selection_weight=1.0)
-
-
 def test_two_processes_give_the_same_predictions_as_one(models, tmp_path):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     qa(models, one, "--no_answer_threshold", 0.0)
@@ -226,9 +189,7 @@ def test_bad_inputs_are_one_line_errors_before_anything_is_created(models, tmp_p
               "not a trained reader: its weights hold no question-answering head"),
              (["--retriever", "bm25", "--questions", dev, "--max_questions", 0], "--max_questions must be at least 1"),
              (["--retriever", "bm25", "--questions", dev, "--max_questions", -50], "--max_questions must be at least 1"),
-             (["--retriever", "bm25", "--questions", dev, "--output_dir", reader], f"holds --reader {reader}"),
-             (["--retriever", "bm25", "--questions", dev, "--selection_weight", 1],
-              "has no passage-selection score (trained without --passage_selection)")]
+             (["--retriever", "bm25", "--questions", dev, "--output_dir", reader], f"holds --reader {reader}")]
     for extra, message in cases:
         assert_user_error(run_script("qa_system.py", *base, *extra, check=False), message)
         assert not out.exists() and not [n for n in os.listdir(tmp_path) if n.startswith(".")], extra

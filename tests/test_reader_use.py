@@ -2,10 +2,14 @@
 training run's own predictions.json did (its recorded null threshold and decoding settings travel with it)."""
 
 import json
+import logging
 import os
+import shutil
 
 import pytest
+import torch
 from conftest import SAMPLE, assert_user_error, run_script
+from safetensors.torch import load_file, save_file
 
 from utils.reader import Reader, ReaderSettings
 
@@ -56,6 +60,35 @@ def test_python_api_answers_as_the_run_did(trained):
             assert ex["context"][a["start"]:a["end"]] == a["answer"]
         assert len(a["nbest"]) <= 5 and [s["score"] for s in a["nbest"]] == sorted((s["score"] for s in a["nbest"]),
                                                                                     reverse=True)
+
+
+def test_an_older_versions_passage_selection_head_is_ignored_and_the_reader_answers_as_without_it(trained, tmp_path,
+                                                                                                  caplog):
+    """An older version could train a passage-selection head (passage_selection.* in model.safetensors,
+    "passage_selection": true in reader_settings.json). Such a reader still loads, in the API and on the command
+    line: the head's weights are ignored, said in one log line, and it answers as it did."""
+    old = str(tmp_path / "old")
+    shutil.copytree(trained, old)
+    weights = load_file(f"{old}/model.safetensors")
+    hidden = next(w for k, w in weights.items() if k.startswith("qa_outputs.") and k.endswith(".weight")).shape[1]
+    save_file({**weights, "passage_selection.weight": torch.randn(1, hidden), "passage_selection.bias": torch.zeros(1)},
+              f"{old}/model.safetensors", metadata={"format": "pt"})
+    settings = json.load(open(f"{old}/reader_settings.json"))
+    json.dump({**settings, "passage_selection": True}, open(f"{old}/reader_settings.json", "w"))
+    said = ("ignoring passage_selection.bias, passage_selection.weight: a passage-selection head saved by an older "
+            "version, which this version does not use (the spans it reads are the same without it)")
+    with caplog.at_level(logging.INFO, logger="qa-amp"):
+        reader = Reader(old, device="cpu")
+    assert [r.getMessage() for r in caplog.records if "passage_selection" in r.getMessage()] == [f"{old}: {said}"]
+    assert ReaderSettings.load(old) == ReaderSettings.load(trained)
+    pairs = [(ex["question"], ex["context"]) for ex in dev_examples()]
+    assert reader.answer(pairs) == Reader(trained, device="cpu").answer(pairs)
+    out = str(tmp_path / "eval")
+    proc = run_script("train_reader.py", "--model_name_or_path", old, "--validation_file", f"{SAMPLE}/dev.json",
+                      "--do_train", "false", "--output_dir", out)
+    logged = proc.stdout + proc.stderr
+    assert logged.count(said) == 1 and "passage_selection" not in logged.replace(said, "")  # transformers says nothing
+    assert json.load(open(f"{out}/predictions.json")) == json.load(open(f"{trained}/predictions.json"))
 
 
 @pytest.mark.parametrize("layout", ["squad_without_answers", "jsonl"])

@@ -141,8 +141,7 @@ def test_each_answer_gives_its_no_answer_probability_and_the_settings_that_made_
     for got, want in zip(body["answers"], answers):
         assert got["no_answer_probability"] == pytest.approx(want["no_answer_probability"], rel=1e-5, abs=1e-5)
         assert got["settings"] == {"no_answer_threshold": ReaderSettings.load(trained_models[0]).null_threshold,
-                                   "calibrated": True, "rule": "window", "retriever_weight": 0.0,
-                                   "selection_weight": 0.0}
+                                   "calibrated": True, "rule": "window", "retriever_weight": 0.0}
 
 
 @pytest.mark.parametrize("request_body, status, field", [

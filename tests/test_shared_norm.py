@@ -10,13 +10,10 @@ import os
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
 from conftest import SAMPLE, assert_same_weights, run_killed_at_checkpoint, run_script
 
 from utils.reader.decoding import decode_spans
 from utils.reader.passages import drawn
-from utils.reader.selection import selection_head, selection_loss
-from utils.reader.trained import load_qa_model
 from utils.reader.shared_norm import group_batch, shared_norm_loss
 from utils.reader.windows import prepare_windows
 from utils.squad.answers import answer_spans
@@ -61,30 +58,6 @@ def test_an_unanswerable_question_has_one_no_answer_over_all_its_windows():
     p_start = np.exp(lse([2.0, 0.0]) - lse(starts.flatten().tolist()))
     p_end = np.exp(lse([1.0, -1.0]) - lse(ends.flatten().tolist()))
     assert shared_norm_loss(starts, ends, batch).item() == pytest.approx(-(np.log(p_start) + np.log(p_end)) / 2)
-
-
-def test_the_selection_loss_is_one_softmax_over_a_questions_windows_its_answer_windows_the_targets():
-    """DPR's passage selection: question 0 reads three windows, its answer in windows 0 and 2 (the probability of
-    either counts); question 1 is unanswerable (its [CLS] is its target) and trains no selection, but still counts
-    in the mean over the batch's questions."""
-    scores = torch.tensor([0.5, 2.0, -1.0, 3.0])
-    start_target = torch.zeros(4, 5, dtype=torch.bool)
-    start_target[0, 2] = start_target[2, 4] = start_target[3, 0] = True
-    batch = {"group": torch.tensor([0, 0, 0, 1]), "start_target": start_target}
-    by_hand = -np.log((np.exp(0.5) + np.exp(-1.0)) / (np.exp(0.5) + np.exp(2.0) + np.exp(-1.0))) / 2
-    assert selection_loss(scores, batch).item() == pytest.approx(by_hand, rel=1e-6)
-
-
-def test_a_batch_without_a_positive_still_gives_the_head_a_gradient():
-    """Zero, not none: under DDP every process must reduce every parameter's gradient, and a process whose batch
-    holds only unanswerable questions would otherwise leave the head out and hang the others."""
-    head = torch.nn.Linear(4, 1)
-    start_target = torch.zeros(2, 3, dtype=torch.bool)
-    start_target[:, 0] = True  # both windows' [CLS]: an unanswerable question
-    loss = selection_loss(head(torch.randn(2, 4)).squeeze(-1), {"group": torch.tensor([0, 0]),
-                                                                "start_target": start_target})
-    loss.backward()
-    assert loss.item() == 0 and head.weight.grad is not None and not head.weight.grad.any()
 
 
 def test_windows_label_every_occurrence_and_a_question_without_a_visible_answer_trains_towards_no_answer(tokenizer):
@@ -204,17 +177,12 @@ def grouped_args(model, out, per_device, *extra):
 
 
 def test_a_grouped_run_records_its_rule_and_resumes_to_the_same_weights(tiny_bert_dir, tmp_path):
-    """With the passage-selection head: it trains, resumes and is saved with the rest of the weights."""
     ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
     # killed after update 2: the resumed run redraws nothing it already drew, and groups by the same lengths
-    args = ["--checkpointing_steps", 2, "--group_by_length", "true", "--passage_selection", "true"]
+    args = ["--checkpointing_steps", 2, "--group_by_length", "true"]
     run_script("train_reader.py", *grouped_args(tiny_bert_dir, ref, 4, *args))
     settings = json.load(open(os.path.join(ref, "reader_settings.json")))
-    assert (settings["normalization"], settings["passages_per_question"], settings["passage_selection"]) == \
-        ("question", 3, True)
-    with safe_open(os.path.join(ref, "model.safetensors"), "pt") as f:
-        saved = f.get_tensor("passage_selection.weight")
-    assert torch.equal(selection_head(load_qa_model(ref)).weight, saved)  # restored on loading
+    assert (settings["normalization"], settings["passages_per_question"]) == ("question", 3)
     results = json.load(open(os.path.join(ref, "eval_results.json")))
     assert "train_questions_per_second" in results
     run_killed_at_checkpoint("train_reader.py", grouped_args(tiny_bert_dir, killed, 4, *args), killed, step=2)
@@ -226,13 +194,8 @@ def test_two_processes_train_a_grouped_reader_as_one(tiny_bert_no_dropout_dir, t
     from test_distributed import READER_INVARIANT, TOL, assert_weights_close, log, run_ddp
 
     single, ddp = str(tmp_path / "single"), str(tmp_path / "ddp")
-    # with the selection head, which is used outside the DDP-wrapped forward
-    selection = ("--passage_selection", "true")
-    run_script("train_reader.py", *grouped_args(tiny_bert_no_dropout_dir, single, 4, *selection),
-               env={"OMP_NUM_THREADS": "1"})
-    proc = run_ddp("train_reader.py", *grouped_args(tiny_bert_no_dropout_dir, ddp, 2, *selection))
+    run_script("train_reader.py", *grouped_args(tiny_bert_no_dropout_dir, single, 4), env={"OMP_NUM_THREADS": "1"})
+    proc = run_ddp("train_reader.py", *grouped_args(tiny_bert_no_dropout_dir, ddp, 2))
     assert "= 4 per update" in proc.stdout
     torch.testing.assert_close([r["loss"] for r in log(ddp)], [r["loss"] for r in log(single)], **TOL)
-    # the selection scores too are softmaxed (over windows): a shift shared by all, like the head's bias, is nothing
-    assert_weights_close(f"{single}/model.safetensors", f"{ddp}/model.safetensors",
-                         READER_INVARIANT + ("passage_selection.bias",))
+    assert_weights_close(f"{single}/model.safetensors", f"{ddp}/model.safetensors", READER_INVARIANT)

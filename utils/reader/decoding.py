@@ -18,8 +18,7 @@ probability up to the same normalisers, so `null_minus_best` is the log ratio of
 best span's. (Scoring a span by its best window alone would tilt a passage longer than a window towards abstaining
 by up to twice the log of its number of windows.) Every example also carries what combining passages
 needs: `null_start`/`null_end` (those log-sum-exps) and `lse_start`/`lse_end` (the log-sum-exp over every position
-a start or end may take: context tokens and [CLS]), and, from a reader with a passage-selection head
-(utils.reader.selection), `selection`: the log-sum-exp of its windows' selection scores.
+a start or end may take: context tokens and [CLS]).
 """
 
 from collections import defaultdict
@@ -32,7 +31,7 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def decode_spans(example_ids, features_example_ids, features_offsets, start_logits, end_logits,
-                 n_best_size=20, max_answer_length=30, contexts=None, shared: bool = False, selection_logits=None):
+                 n_best_size=20, max_answer_length=30, contexts=None, shared: bool = False):
     """Return {example_id: {"text", "score", "null_score", "null_minus_best", "nbest"}} for every example id.
 
     features_* are aligned with the rows of start_logits/end_logits (float arrays, one row per window,
@@ -40,8 +39,7 @@ def decode_spans(example_ids, features_example_ids, features_offsets, start_logi
     `n_best_size` best distinct spans over all windows, best first, as {"text", "score", "start", "end"}
     (character offsets into the context); "text"/"score" are its first entry. `shared`: the span and null scores of
     a reader trained with shared normalization (see the module docstring; the candidates are still the spans paired
-    from each window's n best starts and ends). `selection_logits`: one selection score per window
-    (utils.reader.selection), giving each example its "selection".
+    from each window's n best starts and ends).
     """
     windows = defaultdict(list)
     for f, ex_id in enumerate(features_example_ids):
@@ -80,8 +78,6 @@ def decode_spans(example_ids, features_example_ids, features_offsets, start_logi
         top = nbest[0] if nbest else {"text": "", "score": -np.inf}
         stats = {"null_start": logsumexp(cls_s), "null_end": logsumexp(cls_e), "lse_start": logsumexp(all_s),
                  "lse_end": logsumexp(all_e)}
-        if selection_logits is not None:
-            stats["selection"] = logsumexp([selection_logits[f] for f in windows[ex_id]])
         if shared:
             null_score = stats["null_start"] + stats["null_end"]
         results[ex_id] = {"text": top["text"], "score": top["score"], "null_score": null_score,
@@ -118,29 +114,22 @@ def apply_null_threshold(decoded: dict, threshold: float | None) -> dict:
     return {i: ("" if d["null_minus_best"] > threshold else d["text"]) for i, d in decoded.items()}
 
 
-def span_logits(model, loader, gather=None, progress: str | None = None) -> tuple[list, list, list | None]:
+def span_logits(model, loader, gather=None, progress: str | None = None) -> tuple[list, list]:
     """fp32 start and end logits of every window (numpy rows in loader order), whatever precision the forward ran
-    in, and its selection score (None for a model without the head: utils.reader.selection). `gather` collects them
-    across processes (evaluation under DDP); `progress` names a progress bar."""
+    in. `gather` collects them across processes (evaluation under DDP); `progress` names a progress bar."""
     from tqdm.auto import tqdm
 
-    from utils.reader.selection import reader_logits
-
-    starts, ends, selections = [], [], []
+    starts, ends = [], []
     for batch in tqdm(loader, desc=progress, unit="batch", disable=progress is None, dynamic_ncols=True):
-        start, end, selection = reader_logits(model, batch)
-        outputs = [(start, starts), (end, ends)]
-        if selection is not None:
-            outputs.append((selection[:, None], selections))  # a column, gathered and padded as the logits are
-        for logits, sink in outputs:
+        out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
+        for logits, sink in ((out.start_logits, starts), (out.end_logits, ends)):
             logits = logits.float()
             sink.extend((gather(logits) if gather else logits).cpu().numpy())
-    return starts, ends, [float(x[0]) for x in selections] if selections else None
+    return starts, ends
 
 
-def decode_examples(examples: list[dict], features, starts, ends, settings, shared: bool = False,
-                    selections=None) -> dict:
+def decode_examples(examples: list[dict], features, starts, ends, settings, shared: bool = False) -> dict:
     """{example id: best span, its score, the null score, the n best spans} (see decode_spans)."""
     return decode_spans([ex["id"] for ex in examples], features["example_id"], features["offset_mapping"],
                         starts, ends, settings.n_best_size, settings.max_answer_length,
-                        {ex["id"]: ex["context"] for ex in examples}, shared, selections)
+                        {ex["id"]: ex["context"] for ex in examples}, shared)

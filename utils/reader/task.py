@@ -14,7 +14,7 @@ from utils.loop.jsonfiles import write_json
 from utils.loop.task import Task
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
 from utils.reader.metrics import best_null_threshold, squad_metrics
-from utils.reader.selection import reader_logits, selection_head, selection_loss
+from utils.reader.shared_norm import shared_norm_loss
 from utils.reader.trained import ReaderSettings, fingerprint
 from utils.reader.windows_cache import tokenize_windows
 
@@ -78,9 +78,8 @@ class ReaderTask(Task):
         a common width, without the duplicates that even batching adds."""
         acc = self.accelerator
         gather = lambda t: acc.gather_for_metrics(acc.pad_across_processes(t, dim=1, pad_index=-1e4))  # noqa: E731
-        starts, ends, selections = span_logits(model, eval_set.loader, gather)
-        return decode_examples(eval_set.examples, eval_set.features, starts, ends, self.args, shared=self.shared,
-                               selections=selections)
+        starts, ends = span_logits(model, eval_set.loader, gather)
+        return decode_examples(eval_set.examples, eval_set.features, starts, ends, self.args, shared=self.shared)
 
     def evaluate(self, model) -> dict:
         decoded = self.spans(model, self.dev)
@@ -123,8 +122,7 @@ class ReaderTask(Task):
         ReaderSettings(a.max_seq_length, a.doc_stride, a.max_query_length, a.n_best_size, a.max_answer_length,
                        self.null_threshold, tuned_on, precision=self.accelerator.mixed_precision,
                        normalization="question" if self.shared else "window",
-                       passages_per_question=a.passages_per_question,
-                       passage_selection=selection_head(model) is not None).save(directory)
+                       passages_per_question=a.passages_per_question).save(directory)
 
     def write_outputs(self, directory, result):
         write_json(self.accelerator, os.path.join(directory, "predictions.json"), result["predictions"])
@@ -156,14 +154,9 @@ class GroupedReaderTask(ReaderTask):
         return send_to_device(self.groups.batch(batch.tolist(), self.sampler.epoch), self.accelerator.device)
 
     def compute_loss(self, model, batch):
-        """The shared-normalization loss, plus the passage-selection loss for a reader with the head, in DPR's
-        proportions: DPR sums the start, end and selection losses; the span loss here is the mean of start and end,
-        so the selection loss is halved too (utils.reader.selection)."""
-        from utils.reader.shared_norm import shared_norm_loss
-
-        start, end, selection = reader_logits(model, batch)
-        loss = shared_norm_loss(start, end, batch)
-        return loss if selection is None else loss + selection_loss(selection, batch) / 2
+        """The shared-normalization loss (utils.reader.shared_norm)."""
+        out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
+        return shared_norm_loss(out.start_logits, out.end_logits, batch)
 
     @staticmethod
     def samples_in(batch):

@@ -27,13 +27,15 @@ from torch.utils.data import DataLoader
 from utils.loop.batching import pad_batch
 from utils.loop.errors import UserError
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
-from utils.reader.selection import HEAD, attach_selection_head, selection_head
 from utils.reader.windows import prepare_windows
 
 logger = logging.getLogger("qa-amp")
 
 
 SETTINGS_FILE = "reader_settings.json"
+# A head older versions could train (DPR's passage selection, `passage_selection.weight`/`.bias` in
+# model.safetensors, "passage_selection" in reader_settings.json): it never scored spans, so its weights are ignored.
+OLD_SELECTION_HEAD = "passage_selection"
 
 
 @dataclass
@@ -59,9 +61,6 @@ class ReaderSettings:
     # utils.reader.shared_norm): which no-answer rule it reads with (utils.reader.decoding, utils.system.answer).
     normalization: str = "window"
     passages_per_question: int = 1
-    # Whether it was trained with DPR's passage-selection head (utils.reader.selection; its weights are in
-    # model.safetensors): the QA system can weigh its score on each passage read.
-    passage_selection: bool = False
 
     @property
     def shared(self) -> bool:
@@ -73,7 +72,8 @@ class ReaderSettings:
 
     @classmethod
     def load(cls, directory: str) -> "ReaderSettings | None":
-        """The settings saved in a model directory, None if it has none (or is a hub name)."""
+        """The settings saved in a model directory, None if it has none (or is a hub name). A setting this version
+        no longer has (an older version's "passage_selection") is ignored."""
         path = os.path.join(directory, SETTINGS_FILE)
         if not os.path.isfile(path):
             return None
@@ -112,24 +112,23 @@ def check_reader_dir(path: str) -> None:
                             "give a directory written by train_reader.py or another extractive QA model")
 
 
-def load_qa_model(path: str, trained: bool = True, selection: bool | None = None):
+def load_qa_model(path: str, trained: bool = True):
     """AutoModelForQuestionAnswering from `path`. `trained`: the checkpoint must hold the question-answering head
     (a base encoder, or a DPR encoder, would answer with a randomly initialised head). Training starts from any
-    encoder: its new head is expected, and transformers' warning about it is silenced for this load only (as is its
-    report of a passage-selection head's weights, which it does not know). `selection`: the passage-selection head
-    (utils.reader.selection): None, the one saved with the model if any; True, that one or else a new one (training
-    with --passage_selection); False, none."""
+    encoder: its new head is expected, and transformers' warning about it is silenced for this load only. A
+    passage-selection head saved by an older version (OLD_SELECTION_HEAD) is left out, said in one log line
+    instead of transformers' report of weights it does not know."""
     import transformers
     from safetensors import safe_open
     from transformers import AutoModelForQuestionAnswering
 
     weights_file = os.path.join(path, "model.safetensors")
-    head = {}
-    if selection is not False and os.path.isfile(weights_file):
+    old_head = []
+    if os.path.isfile(weights_file):
         with safe_open(weights_file, "pt") as f:
-            head = {k[len(HEAD) + 1:]: f.get_tensor(k) for k in f.keys() if k.startswith(HEAD + ".")}
+            old_head = sorted(k for k in f.keys() if k.startswith(OLD_SELECTION_HEAD + "."))
     verbosity = transformers.utils.logging.get_verbosity()
-    if not trained or head:
+    if not trained or old_head:
         transformers.utils.logging.set_verbosity_error()
     try:
         model, info = AutoModelForQuestionAnswering.from_pretrained(path, output_loading_info=True)
@@ -144,10 +143,9 @@ def load_qa_model(path: str, trained: bool = True, selection: bool | None = None
                         "another extractive QA model")
     if missing:
         logger.info("%s: the question-answering head (%s) starts from random weights", path, ", ".join(missing[:2]))
-    if head or selection:
-        new = attach_selection_head(model)
-        if head:
-            new.load_state_dict(head)
+    if old_head:
+        logger.warning("%s: ignoring %s: a passage-selection head saved by an older version, which this version does "
+                       "not use (the spans it reads are the same without it)", path, ", ".join(old_head))
     return model
 
 
@@ -176,11 +174,6 @@ class Reader:
         self.model = load_qa_model(model_dir).to(self.device).eval()
         self.batch_size, self.sort_by_length = batch_size, sort_by_length
         self.autocast = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
-
-    @property
-    def selects(self) -> bool:
-        """Whether it scores passages for selection too (trained with --passage_selection: utils.reader.selection)."""
-        return selection_head(self.model) is not None
 
     def answer(self, pairs) -> list[dict]:
         """For each (question, context): {"answer" ("" = no answer), "score" (start+end logit of the best span),
@@ -214,7 +207,5 @@ class Reader:
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
             outputs = span_logits(self.model, loader, progress=progress)
         position = {i: at for at, i in enumerate(order)}  # each window's place in the sorted batches
-        starts, ends, selections = (None if xs is None else [xs[position[i]] for i in range(len(rows))]
-                                    for xs in outputs)
-        return decode_examples(examples, features, starts, ends, s, shared=s.shared,
-                               selections=selections)
+        starts, ends = ([xs[position[i]] for i in range(len(rows))] for xs in outputs)
+        return decode_examples(examples, features, starts, ends, s, shared=s.shared)

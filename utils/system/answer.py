@@ -22,9 +22,7 @@ w x its retrieval score / 2, so its spans and its no-answer are scaled by exp(w 
 read. A span of a passage ranked low has to read better to win, which is what keeps more passages from costing
 answers. Shifting every passage by the same amount changes nothing, so one passage read (or equal scores) answers
 as without, and only the scale of w matters: it is the retriever's (BM25's scores spread wider than a hybrid's),
-so it is tuned with the threshold on labelled questions (utils.system.measure.tune). A reader trained with DPR's
-passage-selection head (utils.reader.selection) gives each passage a second such score, its own judgement of which
-passage holds the answer; `selection_weight` v adds v x that score to the prior, tuned with w.
+so it is tuned with the threshold on labelled questions (utils.system.measure.tune).
 
 Either rule's log ratio becomes a probability that the question has no answer by a calibration fitted on labelled
 questions (`calibrated`: Platt scaling, sigmoid(a x + b), fitted per k by qa_system.py). A calibrated probability
@@ -57,23 +55,22 @@ def with_prior(reading: dict, prior: float) -> dict:
 
 
 def combine(passages: list[dict], shared: bool = False, retriever_weight: float = 0.0,
-            calibration: tuple[float, float] | None = None, selection_weight: float = 0.0) -> dict:
+            calibration: tuple[float, float] | None = None) -> dict:
     """The system's view of one question from its passages' readings (each {"passage_id", "text", "score",
     "null_score", "null_minus_best"}, for `shared` "null_start", "null_end", "lse_start", "lse_end", for
-    `retriever_weight` "retrieval_score" and for `selection_weight` "selection"; in retrieval order): the best span
+    `retriever_weight` "retrieval_score"; in retrieval order): the best span
     over the passages (the earlier passage on equal scores), what the threshold compares and the probability of no
     answer: calibrated with `calibration` (either rule), else the shared rule's share of the softmaxes (see the
     module docstring)."""
-    out = _combined(passages, shared, retriever_weight, selection_weight)
+    out = _combined(passages, shared, retriever_weight)
     if calibration is not None:
         out["no_answer_probability"] = calibrated(out["null_minus_best"], calibration)
     return out
 
 
-def _combined(passages, shared, retriever_weight, selection_weight) -> dict:
-    if retriever_weight or selection_weight:
-        passages = [with_prior(p, (retriever_weight * p["retrieval_score"] if retriever_weight else 0.0)
-                               + (selection_weight * p["selection"] if selection_weight else 0.0)) for p in passages]
+def _combined(passages, shared, retriever_weight) -> dict:
+    if retriever_weight:
+        passages = [with_prior(p, retriever_weight * p["retrieval_score"]) for p in passages]
     best = max(passages, key=lambda p: p["score"], default=None)
     if best is None or best["score"] == -math.inf:
         return {"text": "", "passage_id": None, "score": None, "null_minus_best": math.inf,

@@ -7,7 +7,7 @@ from typing import Literal, Optional
 
 from utils.loop.args import arg, check_at_least_one, check_input_files
 from utils.loop.errors import UserError
-from utils.reader.trained import Reader, ReaderSettings, check_reader_dir
+from utils.reader.trained import Reader, check_reader_dir
 from utils.retriever.index import Index
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
@@ -30,10 +30,6 @@ class SystemArgs:
         None, "How much the retriever's score of a passage weighs on the answers read in it (0: the reader's scores "
               "alone; utils/system/answer.py). Its scale is the retriever's, so tune it with the threshold: "
               "qa_system.py --validation_file does (and reports both per k). Default: tuned there, else 0.")
-    selection_weight: Optional[float] = arg(
-        None, "How much the reader's passage-selection score weighs on the answers read in a passage, as "
-              "--retriever_weight does (a reader trained with --passage_selection). Default: tuned by qa_system.py "
-              "--validation_file with the retriever's weight, else 0.")
     no_answer_calibration: Optional[list[float]] = field(default=None, metadata={
         "help": "A B: the calibration of the probability of no answer, sigmoid(A x + B) of the log ratio x the "
                 "threshold compares, fitted by qa_system.py --validation_file (its row for your k). Without it, "
@@ -62,12 +58,8 @@ class SystemArgs:
         if self.index is not None and not os.path.isdir(self.index):
             raise UserError(f"--index {self.index}: no such directory")
         check_at_least_one(self, "batch_size")
-        for name in ("retriever_weight", "selection_weight"):
-            if getattr(self, name) is not None and not getattr(self, name) >= 0:
-                raise UserError(f"--{name} must be 0 or more (got {getattr(self, name)})")
-        if self.selection_weight and not (ReaderSettings.load(self.reader) or ReaderSettings()).passage_selection:
-            raise UserError(f"--selection_weight: {self.reader} has no passage-selection score (trained without "
-                            "--passage_selection)")
+        if self.retriever_weight is not None and not self.retriever_weight >= 0:
+            raise UserError(f"--retriever_weight must be 0 or more (got {self.retriever_weight})")
 
 
 def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None = None, index: Index | None = None,
@@ -83,8 +75,7 @@ def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None
                     sort_by_length=True)
     if args.retriever == "bm25":
         return QASystem("bm25", reader, passages=passages, progress=progress,
-                        retriever_weight=args.retriever_weight or 0.0, calibration=args.no_answer_calibration,
-                        selection_weight=args.selection_weight or 0.0)
+                        retriever_weight=args.retriever_weight or 0.0, calibration=args.no_answer_calibration)
     retriever = Retriever(args.retriever, device=device, batch_size=args.batch_size, precision=args.mixed_precision)
     if index is None:
         hybrid = retriever.settings.hybrid_dense_weight is not None if args.hybrid is None else args.hybrid
@@ -96,5 +87,4 @@ def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None
             build_index(accelerator, retriever, args.passages, index_dir, bm25=hybrid)
             index = Index.load(index_dir, share=(accelerator.process_index, accelerator.num_processes))
     return QASystem(retriever, reader, index=index, hybrid=args.hybrid, progress=progress,
-                    retriever_weight=args.retriever_weight or 0.0, calibration=args.no_answer_calibration,
-                    selection_weight=args.selection_weight or 0.0)
+                    retriever_weight=args.retriever_weight or 0.0, calibration=args.no_answer_calibration)

@@ -22,26 +22,20 @@ def references(questions: list[dict]) -> dict:
     return {q["id"]: q["answers"]["text"] for q in questions}
 
 
-# the weights tried for a prior over the passages read (utils.system.answer): 0, then doubling over the scales
-# scores come in (a retriever's, a reader's selection scores)
+# the weights tried for the retriever's score as a prior over the passages read (utils.system.answer): 0, then
+# doubling over the scales its scores come in
 RETRIEVER_WEIGHTS = (0.0,) + tuple(2.0 ** i for i in range(-4, 8))
-SELECTION_WEIGHTS = RETRIEVER_WEIGHTS
 
 
-def weight_grid(retriever_weight: float | None = None, selection_weight: float | None = None) -> list[tuple]:
-    """The (retriever weight, selection weight) pairs to tune over: a weight given is kept, one not given (None)
-    tried over its grid."""
-    return [(r, s) for r in (RETRIEVER_WEIGHTS if retriever_weight is None else [retriever_weight])
-            for s in (SELECTION_WEIGHTS if selection_weight is None else [selection_weight])]
+def weight_grid(retriever_weight: float | None = None) -> list[float]:
+    """The retriever weights to tune over: the one given, or (None) its grid."""
+    return list(RETRIEVER_WEIGHTS) if retriever_weight is None else [retriever_weight]
 
 
-def combined_at(readings: list[list[dict]], k: int, shared: bool = False, weights: tuple = (0.0, 0.0)) -> list[dict]:
+def combined_at(readings: list[list[dict]], k: int, shared: bool = False, retriever_weight: float = 0.0) -> list[dict]:
     """The system's view of each question from its first k passages (`shared`: the rule of a reader trained with
-    shared normalization; `weights`: the retriever's score and the reader's selection score fused in at these
-    weights; utils.system.answer)."""
-    retriever_weight, selection_weight = weights
-    return [combine(passages[:k], shared, retriever_weight=retriever_weight,
-                    selection_weight=selection_weight) for passages in readings]
+    shared normalization; `retriever_weight`: the retriever's score fused in at this weight; utils.system.answer)."""
+    return [combine(passages[:k], shared, retriever_weight=retriever_weight) for passages in readings]
 
 
 def _best_threshold(questions: list[dict], combined: list[dict]) -> tuple[float, float]:
@@ -51,8 +45,8 @@ def _best_threshold(questions: list[dict], combined: list[dict]) -> tuple[float,
 
 
 def tune(questions: list[dict], combined_with, weights) -> tuple:
-    """(weights, threshold) with the best F1 on these labelled questions: each entry of `weights` (a weight, or a
-    pair of weight_grid) with its own best threshold; on equal F1 the first in sorted order, the smaller weights.
+    """(weight, threshold) with the best F1 on these labelled questions: each entry of `weights` (weight_grid) with
+    its own best threshold; on equal F1 the first in sorted order, the smaller weight.
     `combined_with(entry)`: the questions' combined views with it (combined_at)."""
     best = None
     for entry in sorted(weights):

@@ -28,7 +28,7 @@ class QASystem:
     def __init__(self, retriever, reader, passages=None, index=None, hybrid: bool | None = None,
                  device: str | None = None, precision: str | None = None, batch_size: int = 64,
                  progress: bool = False, retriever_weight: float = 0.0,
-                 calibration: tuple[float, float] | None = None, selection_weight: float = 0.0):
+                 calibration: tuple[float, float] | None = None):
         """`retriever`: a directory written by train_dpr.py (or its loaded `Retriever`), or "bm25". `reader`: a
         directory written by train_reader.py (or its loaded `Reader`). `passages`: the corpus (a JSON-lines file or a
         list of {"title", "text", "passage_id"}, checked by utils.retriever.data.load_passages), or `index`: an Index
@@ -37,21 +37,15 @@ class QASystem:
         model's own, as trained. `progress`: progress bars while indexing and reading. `retriever_weight`: how much
         the retriever's score of a passage weighs on what is read in it (utils.system.answer; tuned with the
         threshold by qa_system.py; 0: the reader's scores alone).
-        `calibration`: (a, b) fitted by qa_system.py, which makes each answer's no_answer_probability calibrated.
-        `selection_weight`: likewise for the reader's passage-selection score (a reader trained with
-        --passage_selection; utils.reader.selection)."""
+        `calibration`: (a, b) fitted by qa_system.py, which makes each answer's no_answer_probability calibrated."""
         if (passages is None) == (index is None):
             raise UserError("give the corpus as passages, or as an index of it (one of them)")
         self.progress = progress
-        for name, weight in (("retriever_weight", retriever_weight), ("selection_weight", selection_weight)):
-            if not weight >= 0:
-                raise UserError(f"{name} {weight}: give 0 or more")
-        self.retriever_weight, self.selection_weight, self.calibration = retriever_weight, selection_weight, calibration
+        if not retriever_weight >= 0:
+            raise UserError(f"retriever_weight {retriever_weight}: give 0 or more")
+        self.retriever_weight, self.calibration = retriever_weight, calibration
         self.reader = reader if isinstance(reader, Reader) else Reader(
             reader, device=device, batch_size=batch_size, precision=precision, sort_by_length=True)
-        if selection_weight and not self.reader.selects:
-            raise UserError("selection_weight: the reader has no passage-selection score (train it with "
-                            "--passage_selection)")
         if isinstance(retriever, str) and retriever == "bm25":
             if passages is None:
                 raise UserError("the BM25 retriever ranks passages, not a dense index: give the passages")
@@ -102,8 +96,7 @@ class QASystem:
         """Per question, per passage read: {"passage_id", "retrieval_score" (the passage's "score", if it has one),
         "text" (its best span), "start"/"end" (its character offsets in the passage; None without a span), "score",
         "null_score", "null_minus_best", the log-sum-exps the shared rule combines ("null_start", "null_end",
-        "lse_start", "lse_end") and "selection" (the reader's passage-selection score; None without one)}, in
-        retrieval order. Every (question, passage) pair goes through the reader's one
+        "lse_start", "lse_end")}, in retrieval order. Every (question, passage) pair goes through the reader's one
         decoding, in batches."""
         examples = [{"id": f"{i}:{r}", "question": q, "context": p["text"]}
                     for i, (q, passages) in enumerate(zip(questions, retrieved)) for r, p in enumerate(passages)]
@@ -118,8 +111,7 @@ class QASystem:
                             "start": span["start"],
                             "end": span["end"], "score": d["score"], "null_score": d["null_score"],
                             "null_minus_best": d["null_minus_best"], "nbest": d["nbest"][:NBEST_KEPT],
-                            **{k: d[k] for k in ("null_start", "null_end", "lse_start", "lse_end")},
-                            "selection": d.get("selection")})
+                            **{k: d[k] for k in ("null_start", "null_end", "lse_start", "lse_end")}})
             out.append(row)
         return out
 
@@ -141,8 +133,7 @@ class QASystem:
         threshold = self.recorded_threshold if threshold == "recorded" else threshold
         retrieved = [hits[:each] for hits, each in zip(self.retrieve(questions, max(ks, default=1)), ks)]
         out = [answer_of(combine(readings, self.shared, retriever_weight=self.retriever_weight,
-                                 calibration=self.calibration, selection_weight=self.selection_weight), threshold,
-                         passages, readings)
+                                 calibration=self.calibration), threshold, passages, readings)
                for passages, readings in zip(retrieved, self.read(questions, retrieved))]
         return out[0] if one else out
 

@@ -121,10 +121,10 @@ def public(a: dict, settings: dict) -> dict:
 def answer_settings(system, threshold) -> dict:
     """What the system answers with, said with every answer: the no-answer threshold applied (None: it always
     answers), whether no_answer_probability is calibrated (--no_answer_calibration; else the shared rule's share of
-    the softmaxes, or None), the rule and the weights of the retriever's and the selection scores."""
+    the softmaxes, or None), the rule and the weight of the retriever's score."""
     return {"no_answer_threshold": system.recorded_threshold if threshold == "recorded" else threshold,
             "calibrated": system.calibration is not None, "rule": "question" if system.shared else "window",
-            "retriever_weight": system.retriever_weight, "selection_weight": system.selection_weight}
+            "retriever_weight": system.retriever_weight}
 
 
 def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, threshold="recorded",
