@@ -1,4 +1,4 @@
-"""DDP with real processes: 2 gloo processes on CPU (MULTI_CPU) launched by torchrun, as the README says.
+"""DDP with real processes: 2 gloo processes on CPU (MULTI_CPU) launched by torchrun, as docs/DISTRIBUTED.md says.
 
 Each test compares a 2-process run (8 per process) with a 1-process run (16) over the same global batches,
 dropout off: equal losses and weights mean the processes really split the data and the gradients were

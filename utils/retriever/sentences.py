@@ -1,6 +1,6 @@
 """The sentences of a text and its windows of N consecutive sentences: the split a --window_sentences retriever is
 trained and ranks with (utils.retriever.sentence_windows) and the one to split documents with when serving it
-elsewhere (README, Haystack 3.x). Standard library only, so that it imports in any environment."""
+elsewhere (docs/COMPATIBILITY.md, Haystack 3.x). Standard library only, so that it imports in any environment."""
 
 import re
 
