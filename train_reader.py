@@ -15,10 +15,9 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       --validation_file ../shared/data/squad/dev.json --mixed_precision bf16 --output_dir outputs/reader-squad \
       --num_train_epochs 3.5 --learning_rate 2e-4 --freeze_word_embeddings true \
       --metric_for_best_model tuned_f1 --eval_steps 308 --checkpointing_steps 308
-      The real-data run (docs/RESULTS.md): expect dev F1 near 57 at the dev-tuned null threshold that
-      reader_settings.json records, near 54 at threshold 0. Add --negative_passages 1 --passages corpus.jsonl for
-      a reader that will read retrieved passages (qa_system.py): about the same dev F1, and a QA system whose
-      F1 holds as it reads more passages instead of falling (docs/RESULTS.md, the QA system).
+      The real-data run (its scores: docs/RESULTS.md), with the null threshold tuned on dev recorded in
+      reader_settings.json. Add --negative_passages 1 --passages corpus.jsonl for a reader that will read
+      retrieved passages (qa_system.py): it learns that a passage without the answer is no answer.
 
   python train_reader.py --train_file ../shared/data/squad/train.json \
       --validation_file ../shared/data/squad/dev.json --mixed_precision bf16 --output_dir outputs/reader-squad-shared \
@@ -26,8 +25,8 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       --eval_steps 611 --checkpointing_steps 611 --eval_before_training false \
       --passages_per_question 2 --per_device_train_batch_size 8 --passages corpus.jsonl
       The reader for the QA system (shared normalization: each question read with a retrieved passage beside its
-      own, one softmax over both; a batch is 8 questions): about 36 minutes on 2 cores, dev F1 near 60 on gold
-      paragraphs, and a QA system that gains from reading more passages (docs/RESULTS.md, "The recipe now").
+      own, one softmax over both; a batch is 8 questions): its span scores mean the same in every passage, so the
+      QA system can compare them across the passages it reads (its scores: docs/RESULTS.md).
 
   python train_reader.py --model_name_or_path outputs/reader-squad --do_train false \
       --validation_file ../shared/data/squad/dev.json --output_dir outputs/eval   (or --predict_file questions.jsonl)
@@ -130,7 +129,7 @@ class ReaderArgs(TrainArgs):
     cache_dir: Optional[str] = arg(None, "Cache for tokenised datasets (default: ~/.cache/qa-amp).")
 
     def use_shipped_sample(self) -> None:
-        """No data given: the offline demo on the shipped sample, with more passes (it is tiny; ~2 minutes)."""
+        """No data given: the offline demo on the shipped sample, with more passes (it is tiny)."""
         if self.validation_file or self.dev_split:
             raise UserError("--validation_file/--dev_split need a --train_file")
         self.train_file = os.path.join(SAMPLE_DIR, "train.json")

@@ -1,6 +1,6 @@
 """DPR training speed against sentence-transformers' MultipleNegativesRankingLoss, side by side, same data.
 
-    python benchmarks/dpr_vs_st.py                                  # 640 questions, 40 updates of 16, bf16 (~10 min)
+    python benchmarks/dpr_vs_st.py                                  # 640 questions, 40 updates of 16, bf16
     python benchmarks/dpr_vs_st.py --ours_args="--torch_compile"    # measure one more lever on our side (note the =)
 
 Both sides train the packaged MiniLM (--model) as ONE shared encoder (what MNRL trains; mean pooling, cosine,

@@ -28,7 +28,7 @@ def keep_freed_memory(device: torch.device) -> None:
     A training step allocates and frees the same large activation and gradient buffers every time, and their
     shapes change with each batch's padded length. glibc serves blocks over 32 MiB with fresh mmap()s and trims the
     heap top after frees, so every step would re-fault the same memory page by page. Serving everything from the
-    heap and never trimming it trades some peak RSS for far fewer page faults (measured: docs/RESULTS.md). CUDA
+    heap and never trimming it trades some peak RSS for far fewer page faults. CUDA
     memory has its own caching allocator, so this is CPU-only.
     """
     if device.type != "cpu" or not sys.platform.startswith("linux"):

@@ -4,7 +4,7 @@ half of the hybrids (utils.retriever.fusion).
 The converter (utils.retriever.make_dpr_data) mines hard negatives with it and the DPR evaluation reports it beside the
 dense ranking, with the same tokenisation: passages as "title text", English stopwords removed, words reduced to
 their Snowball (Porter 2) stems, as Lucene/Pyserini's English BM25 does: without stems "drives" never matches
-"driving" (on the shared SQuAD dev set: top-1 79.2 without stems, 79.9 with).
+"driving" (docs/RESULTS.md compares the two on the shared data).
 """
 
 import logging
