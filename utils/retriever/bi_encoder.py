@@ -63,7 +63,7 @@ class BiEncoder(nn.Module):
     def embed(self, side: str, inputs: dict) -> torch.Tensor:
         """Pooled embeddings (fp32) of right-padded inputs. Passages are encoded in `length_buckets` sub-batches
         of similar length, each cut to its own longest input (a multiple of 8): the same embeddings (padding is
-        masked) for less compute. SQuAD paragraphs average ~157 of 256 tokens, and one long passage would
+        masked) for less compute. Paragraphs vary in length (SQuAD's: docs/RESULTS.md), and one long passage would
         otherwise pad the whole batch."""
         buckets = min(self.length_buckets, len(inputs["input_ids"])) if side == "passage" else 1
         if buckets <= 1:
