@@ -25,14 +25,14 @@ def read_json(path: str, line_numbers: bool = False):
         raise UserError(f"{path}: is a directory, not a file")
     if not os.path.isfile(path):
         raise UserError(f"{path}: no such file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except UnicodeDecodeError as err:
-        raise UserError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    except OSError as err:
-        raise UserError(f"{path}: cannot read it ({err.strerror or err})") from None
-    if not path.endswith(".jsonl"):
+    if not path.endswith(".jsonl"):  # a JSON document, or JSON lines under a .json name (read again below)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as err:
+            raise UserError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        except OSError as err:
+            raise UserError(f"{path}: cannot read it ({err.strerror or err})") from None
         try:
             return (json.loads(text), None) if line_numbers else json.loads(text)
         except json.JSONDecodeError as err:

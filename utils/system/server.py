@@ -199,8 +199,7 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
         try:
             answers = await batcher.ask(questions, k)
         except QuestionError as err:  # what the checks above let through and the system refused
-            return JSONResponse({"error": f"{err.field('question')}: {err.problem}", "field": err.field("question")},
-                                status_code=err.status)
+            raise BadRequest(err.field("question"), err.problem, err.status) from None
         except UserError as err:
             return JSONResponse({"error": str(err), "field": None}, status_code=422)
         except Exception as err:  # noqa: BLE001 - this request failed alone (utils.system.batcher): a JSON 500
