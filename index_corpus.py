@@ -5,7 +5,7 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
   python index_corpus.py --retriever outputs/dpr-squad --passages ../shared/data/dpr/passages.jsonl \
       --output_dir outputs/corpus-index
       Embeds the corpus exactly as the retriever ranks it (its sentence windows, titles, lengths, precision),
-      chunk by chunk, and writes the index (utils/retriever/index_files.py) that qa_system.py --index, serve.py
+      chunk by chunk, and writes the index (utils/search/index_format.py) that qa_system.py --index, serve.py
       --index, train_dpr.py --do_train false --index and Index.load read where it lies.
 
   accelerate launch index_corpus.py ...        (on CPUs: ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N ...)
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from utils.loop.args import arg, check_at_least_one, check_input_files, parse_args, process_group_timeout_arg
-from utils.loop.errors import UserError, exit_on_user_error
+from utils.errors import UserError, exit_on_user_error
 from utils.loop.process import finish, make_accelerator, peak_memory_mb
-from utils.retriever.indexing import build_index
+from utils.search.index_writer import build_index
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
 
@@ -68,7 +68,7 @@ def main(argv=None):
     device = "cuda" if accelerator.device.type == "cuda" else "cpu"
     retriever = Retriever(args.retriever, device=device, batch_size=args.batch_size, precision=args.mixed_precision)
 
-    # --- data, embed, finish: utils/retriever/indexing.py (the corpus checked before anything is written) --
+    # --- data, embed, finish: utils/search/index_writer.py (the corpus checked before anything is written) --
     meta = build_index(accelerator, retriever, args.passages, args.output_dir, args.dtype, args.chunk_passages,
                        args.bm25, args.overwrite_output_dir)
     seconds = meta.get("seconds", 0.0)

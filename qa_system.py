@@ -38,14 +38,14 @@ from typing import Optional
 from accelerate.utils import gather_object
 
 from utils.loop.args import arg, check_at_least_one, check_input_files, parse_args, process_group_timeout_arg
-from utils.loop.errors import UserError, exit_on_user_error
-from utils.loop.jsonfiles import json_line, write_json
+from utils.errors import UserError, exit_on_user_error
+from utils.files.jsonfiles import json_line, write_json
 from utils.loop.output_dir import prepare_output_dir, publish_dir
 from utils.loop.process import finish, make_accelerator
-from utils.squad.files import load_questions
+from utils.files.squad import load_questions
 from utils.reader.trained import fingerprint
-from utils.retriever.data import load_passages
-from utils.retriever.index import Index
+from utils.files.dpr import load_passages
+from utils.search.index import Index
 from utils.system.answer import combine
 from utils.system.inputs import SystemArgs, build_system
 from utils.system.measure import (combined_at, fit_calibration, labelled, questions_per_second, reading_share, recall,
@@ -130,7 +130,7 @@ def clamp_k(args, passages: int) -> tuple[list[int], int, str | None]:
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
     args = parse_args(QAArgs, argv)
-    accelerator = make_accelerator(args)  # each model runs under its own autocast (utils.reader.trained, utils.retriever.index)
+    accelerator = make_accelerator(args)  # each model runs under its own autocast (utils.reader.trained, utils.search.index)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
     prepare_output_dir(accelerator, args, "evaluate")  # refused if it holds anything; nothing created before the end

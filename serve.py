@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from utils.loop.args import arg, check_at_least_one, parse_args
-from utils.loop.errors import UserError, exit_on_user_error
+from utils.errors import UserError, exit_on_user_error
 from utils.system.inputs import SystemArgs, build_system
 from utils.system.server import Limits, create_app
 
@@ -75,8 +75,8 @@ def main(argv=None):
     failure = []
 
     def load_system():  # on the app's loading thread: /health says "loading" meanwhile
-        from utils.retriever.data import load_passages
-        from utils.retriever.index import Index
+        from utils.files.dpr import load_passages
+        from utils.search.index import Index
 
         passages = load_passages(args.passages) if args.passages else None
         index = Index.load(args.index) if args.index else None

@@ -22,7 +22,7 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       ranking beats BM25's, and the hybrid with BM25 beats both.
 
 Skeleton (same as train_reader.py): setup -> data -> model -> utils.loop.run (fit, validate, publish); the task
-itself is utils/retriever/task.py. The output directory holds query_encoder/ and passage_encoder/ (each loads in
+itself is utils/retriever/dpr_task.py. The output directory holds query_encoder/ and passage_encoder/ (each loads in
 SentenceTransformer(dir) and AutoModel), with --export_dpr also dpr_question_encoder/ and dpr_context_encoder/,
 plus eval_results.json, rankings.jsonl (per-question top passages) and train_log.jsonl.
 """
@@ -39,18 +39,18 @@ from torch.utils.data import DataLoader
 from utils.loop.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_model_dir,
                              packaged_minilm, parse_args, precision_as_trained)
 from utils.loop.batching import LengthGroupedBatchSampler
-from utils.loop.errors import UserError, exit_on_user_error
+from utils.errors import UserError, exit_on_user_error
 from utils.loop.optim import build_optimizer
 from utils.loop.process import setup
 from utils.loop.run import run
 from utils.retriever.bi_encoder import bi_encoder_of, sentence_transformers_defaults
-from utils.retriever.data import evaluation_data, load_dpr, training_passages
+from utils.files.dpr import evaluation_data, load_dpr, training_passages
 from utils.retriever.encoding import load_tokenizers
-from utils.retriever.evaluate_only import evaluate_only
+from utils.retriever.evaluate_retriever import evaluate_only
 from utils.retriever.evaluation import RetrievalEvaluation
 from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings
 from utils.retriever.sentence_windows import training_windows
-from utils.retriever.task import DPRTask, TrainingData
+from utils.retriever.dpr_task import DPRTask, TrainingData
 
 logger = logging.getLogger("qa-amp")
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")

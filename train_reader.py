@@ -34,7 +34,7 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       the recorded threshold, at 0 and tuned on the file (an upper bound); predictions.json and nbest.json.
 
 Skeleton (same in train_dpr.py): setup -> data -> model -> utils.loop.run (fit, validate, publish); the task
-itself is utils/reader/task.py. The output directory ends with the model and reader_settings.json (load it with
+itself is utils/reader/reader_task.py. The output directory ends with the model and reader_settings.json (load it with
 utils.reader.Reader), predictions.json (id -> answer, "" = no answer), eval_results.json and train_log.jsonl.
 """
 
@@ -50,18 +50,18 @@ from transformers import AutoTokenizer
 from utils.loop.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_max_length, check_model_dir,
                              packaged_minilm, parse_args, precision_as_trained)
 from utils.loop.batching import LengthGroupedBatchSampler, pad_batch
-from utils.loop.errors import UserError, exit_on_user_error
+from utils.errors import UserError, exit_on_user_error
 from utils.loop.optim import build_optimizer
 from utils.loop.process import setup
 from utils.loop.run import run
 from utils.reader.decoding import MODEL_INPUTS
-from utils.reader.evaluate_or_predict import evaluate_or_predict
-from utils.reader.negatives import with_negative_passages
-from utils.retriever.data import load_passages
+from utils.reader.evaluate_reader import evaluate_or_predict
+from utils.reader.negative_passages import with_negative_passages
+from utils.files.dpr import load_passages
 from utils.reader.squad_data import load_train_and_dev
-from utils.squad.files import is_impossible
+from utils.files.squad import is_impossible
 from utils.reader.groups import QuestionGroups
-from utils.reader.task import GroupedReaderTask, ReaderTask, prepare_eval_set
+from utils.reader.reader_task import GroupedReaderTask, ReaderTask, prepare_eval_set
 from utils.reader.trained import ReaderSettings, load_qa_model
 from utils.reader.windows import check_tokenizer
 from utils.reader.windows_cache import tokenize_windows

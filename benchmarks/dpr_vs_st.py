@@ -30,7 +30,7 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 
 
 def subset(args) -> list[dict]:
-    from utils.retriever.data import load_dpr
+    from utils.files.dpr import load_dpr
     return load_dpr(args.train_file)[: args.questions]
 
 
@@ -70,8 +70,8 @@ def run_st(args, result_path) -> None:
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from sentence_transformers.sentence_transformer.training_args import BatchSamplers
 
-    from utils.retriever.data import evaluation_corpus, load_dpr, load_passages, passage_key
-    from utils.retriever.ranking import gold_ranks, retrieval_metrics
+    from utils.files.dpr import evaluation_corpus, load_dpr, load_passages, passage_key
+    from utils.search.ranking import gold_ranks, retrieval_metrics
 
     text = lambda c: f"{c['title']} {c['text']}"  # noqa: E731
     rows = subset(args)

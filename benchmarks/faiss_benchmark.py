@@ -8,7 +8,7 @@ questions of a DPR file embedded by its retriever. synthetic: --vectors clustere
 mixture of --clusters centres; real embeddings cluster, and uniform random vectors are the worst case of any IVF)
 in two shards, queries drawn from the same mixture. For every setting: recall@10 and @100 (the share of the exact
 top-k passages the FAISS search finds), the FAISS index's size (serialised), the time to build it, and the time per
-1,000 questions; the exact blockwise search (utils.retriever.search) beside it. Writes faiss_<what>_cpu.json and a
+1,000 questions; the exact blockwise search (utils.search.exact) beside it. Writes faiss_<what>_cpu.json and a
 markdown table to --out.
 """
 
@@ -37,8 +37,8 @@ def recall(exact: np.ndarray, found: np.ndarray, k: int) -> float:
 
 
 def synthetic(n: int, dim: int, clusters: int, queries: int, seed: int = 0):
-    from utils.retriever.index import Index
-    from utils.retriever.search import Vectors
+    from utils.search.index import Index
+    from utils.search.exact import Vectors
 
     rng = np.random.default_rng(seed)
     centers = rng.standard_normal((clusters, dim)).astype(np.float32)
@@ -60,8 +60,8 @@ def main():
     import faiss
     import torch
 
-    from utils.retriever.faiss_index import build_faiss, faiss_top_k
-    from utils.retriever.search import search_shards
+    from utils.search.faiss_index import build_faiss, faiss_top_k
+    from utils.search.exact import search_shards
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("what", choices=["real", "synthetic"])
@@ -74,8 +74,8 @@ def main():
     args = p.parse_args()
 
     if args.what == "real":
-        from utils.retriever.data import load_dpr
-        from utils.retriever.index import Index
+        from utils.files.dpr import load_dpr
+        from utils.search.index import Index
 
         index = Index.load(args.index)
         q = index.retriever.encode_questions([x["question"] for x in load_dpr(args.questions)]).numpy()

@@ -35,8 +35,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from utils.loop.errors import UserError, exit_on_user_error  # noqa: E402
-from utils.squad.files import load_questions  # noqa: E402
+from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.files.squad import load_questions  # noqa: E402
 from utils.system.answer import calibrated, calibration_logit  # noqa: E402
 from utils.system.measure import combined_at, fit_calibration, scores, tune, weight_grid  # noqa: E402
 

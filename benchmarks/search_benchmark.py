@@ -1,4 +1,4 @@
-"""Exact top-k search at corpus scale: this project's blockwise engine (utils.retriever.search) beside FAISS's exact
+"""Exact top-k search at corpus scale: this project's blockwise engine (utils.search.exact) beside FAISS's exact
 IndexFlatIP, on the same synthetic data in the same run.
 
     python benchmarks/search_benchmark.py                          # 10k, 100k, 1M passages; whole and 5 windows each
@@ -50,8 +50,8 @@ def worker(args) -> None:
     import torch
 
     sys.path.insert(0, ROOT)
-    from utils.retriever.search import Vectors, top_k
-    from utils.retriever.shards import merged_top_k, shard
+    from utils.search.exact import Vectors, top_k
+    from utils.search.shards import merged_top_k, shard
 
     queries = draw(0, args.questions, args.dim, args.seed + 1)
     w, result = args.windows, {}

@@ -121,7 +121,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
 
     from conftest import free_port
-    from utils.squad.files import load_questions
+    from utils.files.squad import load_questions
 
     questions = [q["question"] for q in load_questions(args.questions, need_context=False)]
     rows, reference, memory = [], None, {}

@@ -77,8 +77,8 @@ def record_training_batches(directory):
 
 def record_refreshed_negatives(directory):
     """Wrap DPRTask.refresh_negatives to log, per process, every question's negatives (text keys) after it."""
-    from utils.retriever.data import text_key
-    from utils.retriever.task import DPRTask
+    from utils.files.dpr import text_key
+    from utils.retriever.dpr_task import DPRTask
 
     refresh = DPRTask.refresh_negatives
 

@@ -1,4 +1,4 @@
-"""One answer matcher (utils.squad.answers) for the converter, sentence windows, refreshed negatives and the spans the
+"""One answer matcher (utils.files.answers) for the converter, sentence windows, refreshed negatives and the spans the
 reader's extra passages are labelled with: SQuAD-normalised text, whole tokens only, so that one- and two-character
 answers do not match inside words."""
 
@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 
-from utils.squad.files import load_squad
-from utils.squad.answers import answer_patterns, answer_spans, holds_answer, normalized
+from utils.files.squad import load_squad
+from utils.files.answers import answer_patterns, answer_spans, holds_answer, normalized
 from utils.reader.passages import passage_pools
 from utils.retriever.make_dpr_data import build
-from utils.retriever.negatives import select_negatives
+from utils.retriever.mined_negatives import select_negatives
 from utils.retriever.sentence_windows import training_windows
 
 

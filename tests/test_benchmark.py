@@ -43,7 +43,7 @@ def test_the_crossfit_rescoring_reads_passages_without_a_span(tmp_path):
     are the -inf span and +inf null score qa_system.py computed, not a crash."""
     import json
 
-    from utils.squad.files import load_questions
+    from utils.files.squad import load_questions
 
     questions = load_questions(f"{SAMPLE}/dev.json")
     run = tmp_path / "qa"
@@ -68,7 +68,7 @@ def test_the_crossfit_rescoring_measures_the_shift_and_the_calibration_of_a_shar
     import json
     import math
 
-    from utils.squad.files import load_questions
+    from utils.files.squad import load_questions
 
     questions = load_questions(f"{SAMPLE}/dev.json")
     share = sum(not q["answers"]["text"] for q in questions) / len(questions)
@@ -108,7 +108,7 @@ def test_the_crossfit_rescoring_of_questions_that_all_have_an_answer_fits_no_thr
     calibration is reported as not fitted, and the run is scored, not a math domain error."""
     import json
 
-    from utils.squad.files import load_questions
+    from utils.files.squad import load_questions
 
     squad = json.load(open(f"{SAMPLE}/dev.json"))
     for article in squad["data"]:
@@ -135,7 +135,7 @@ def test_the_crossfit_rescoring_refuses_a_k_beyond_the_passages_the_run_read(tmp
     """A k above the run's largest would be scored with the passages there are, under the k asked for."""
     from conftest import assert_user_error
 
-    from utils.squad.files import load_questions
+    from utils.files.squad import load_questions
 
     run = tmp_path / "qa"
     _write_details(run, load_questions(f"{SAMPLE}/dev.json"), lambda i, answer: [

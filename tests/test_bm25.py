@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from utils.retriever.bm25 import BM25
-from utils.retriever.fusion import (Candidates, convex_fusion, cross_fitted_ranks, fused_gold_ranks,
+from utils.search.bm25 import BM25
+from utils.search.fusion import (Candidates, convex_fusion, cross_fitted_ranks, fused_gold_ranks,
                                     reciprocal_rank_fusion, tune_dense_weight, union)
 
 CORPUS = [{"title": "Looms", "text": "Ada built a loom in Dunhallow."},
@@ -100,7 +100,7 @@ def test_bm25_ties_go_to_the_smaller_id_whatever_k():
 
 
 def test_k_best_is_the_one_tie_rule():
-    from utils.retriever.bm25 import k_best
+    from utils.search.bm25 import k_best
 
     rng = np.random.default_rng(0)
     for _ in range(300):

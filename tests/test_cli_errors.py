@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, RobertaConfig
 
 from train_reader import ReaderArgs
 from utils.loop.args import parse_args
-from utils.loop.errors import UserError
+from utils.errors import UserError
 
 
 def quick_run(script, model_dir, out):

@@ -5,7 +5,7 @@ import torch
 
 from utils.retriever.bi_encoder import BiEncoder
 from utils.retriever.encoding import Tokenized
-from utils.retriever.negatives import select_negatives
+from utils.retriever.mined_negatives import select_negatives
 
 
 def test_tokenized_once_pads_like_the_tokenizer(tokenizer):
@@ -76,7 +76,7 @@ def test_sentence_windows_keep_the_title_and_their_passage():
 
 
 def test_training_windows_train_on_the_answer_sentence_against_sentences():
-    from utils.retriever.data import passage_key, text_key
+    from utils.files.dpr import passage_key, text_key
     from utils.retriever.sentence_windows import training_windows
 
     gold = {"title": "Corran", "text": "The lighthouse is old. It was built in 1871! Who built it? Matilda Reyes.",
@@ -122,10 +122,10 @@ def test_every_window_carries_its_passage_so_masking_and_mining_treat_it_as_that
     the question's own gold paragraph."""
     from types import SimpleNamespace
 
-    from utils.retriever.data import training_passages
+    from utils.files.dpr import training_passages
     from utils.retriever.loss import contrastive_scores
     from utils.retriever.sentence_windows import training_windows
-    from utils.retriever.task import TrainingData
+    from utils.retriever.dpr_task import TrainingData
 
     gold = ctx("g", "The lighthouse is old. It was built in 1871. Matilda Reyes designed it.")
     neg = ctx("n", "A railway crosses the valley. Trains run at noon.")

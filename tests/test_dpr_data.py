@@ -5,10 +5,10 @@ import json
 import pytest
 from conftest import SAMPLE
 
-from utils.loop.errors import UserError
-from utils.squad.files import load_squad
-from utils.squad.answers import answer_patterns, holds_answer, normalized
-from utils.retriever.data import (byte_ranges, evaluation_corpus, load_dpr, load_passages, passage_key, stream_passages,
+from utils.errors import UserError
+from utils.files.squad import load_squad
+from utils.files.answers import answer_patterns, holds_answer, normalized
+from utils.files.dpr import (byte_ranges, evaluation_corpus, load_dpr, load_passages, passage_key, stream_passages,
                                   training_passages)
 from utils.retriever.make_dpr_data import build
 from utils.retriever.make_dpr_data import main as convert

@@ -81,7 +81,7 @@ def _assert_same(a, b):
 
 
 def _grad_cache(accelerator, model, q_in, p_in, keys, chunk):
-    """DPR's GradCache step (as utils.retriever.task builds it): chunks of `chunk` questions with their passages."""
+    """DPR's GradCache step (as utils.retriever.dpr_task builds it): chunks of `chunk` questions with their passages."""
     per_question = len(p_in["input_ids"]) // len(q_in["input_ids"])
     chunks = [{"query": {k: v[s:s + chunk] for k, v in q_in.items()},
                "passage": {k: v[s * per_question:(s + chunk) * per_question] for k, v in p_in.items()}}
@@ -128,7 +128,7 @@ def test_grad_cache_replays_dropout_masks(tiny_bert_dir, tokenizer):
 
 
 def test_in_batch_ranks_count_ties_against_the_positive_and_nan_last():
-    """The rule of every other ranking (utils.retriever.ranking): a tie is ahead of the positive, NaN is last."""
+    """The rule of every other ranking (utils.search.ranking): a tie is ahead of the positive, NaN is last."""
     keys = torch.tensor([1, 2, 3, 4])  # 2 questions x [positive, negative]
     scores = torch.tensor([[0.5, 0.5, 0.1, 0.0], [0.2, 0.1, float("nan"), 0.0]])
     assert batch_ranks(scores, keys).tolist() == [2, 4]

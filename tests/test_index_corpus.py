@@ -16,8 +16,8 @@ import pytest
 from conftest import ROOT, SAMPLE, assert_user_error, run_script
 from test_distributed import run_ddp
 from tolerance import assert_ranked_alike
-from utils.retriever.index import Index
-from utils.retriever.search import Vectors, search_shards
+from utils.search.index import Index
+from utils.search.exact import Vectors, search_shards
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the 2-process runs' threads: the same arithmetic in both
 
@@ -67,7 +67,7 @@ def test_two_processes_build_what_one_builds_and_each_searches_its_shards(retrie
     q = ia.retriever.encode_questions(QUESTIONS)
     whole = search_shards(q, ia.shards, 10)
     parts = [search_shards(q, [v], 10) for v in ib.shards]
-    from utils.retriever.shards import merge_columns
+    from utils.search.shards import merge_columns
 
     merged = merge_columns([p[0] for p in parts], [p[1] for p in parts], 10)
     # other blocks, other summation orders: the same ranking up to near-ties
@@ -75,11 +75,11 @@ def test_two_processes_build_what_one_builds_and_each_searches_its_shards(retrie
 
 
 def test_the_index_read_from_disk_is_searched_as_in_memory_across_many_blocks(retriever, tmp_path):
-    """The owners are stored as int32 (utils.retriever.index_files): MaxP over many blocks takes them as int64 ones
+    """The owners are stored as int32 (utils.search.index_format): MaxP over many blocks takes them as int64 ones
     (a memory-mapped int32 owner made KBest's index_put fail: found serving a real index)."""
     import torch
 
-    from utils.retriever.search import top_k
+    from utils.search.exact import top_k
 
     out = tmp_path / "index"
     run_script("index_corpus.py", *index_args(retriever, out))
@@ -206,7 +206,7 @@ def synthetic_index(n=4000, dim=32, clusters=40, seed=0):
 def test_faiss_indexes_from_the_shards_find_what_the_exact_search_finds(kind, options, search, want):
     import torch
 
-    from utils.retriever.faiss_index import build_faiss, faiss_top_k
+    from utils.search.faiss_index import build_faiss, faiss_top_k
 
     index, q = synthetic_index()
     _, exact = search_shards(torch.from_numpy(q), index.shards, 10)
@@ -229,7 +229,7 @@ def strict_json(path):
 
 
 def test_an_index_manifest_and_progress_are_strict_json_a_nan_written_as_null(tmp_path):
-    """One atomic writer (utils.loop.jsonfiles.write_json_file) for every JSON file: the index's manifest went
+    """One atomic writer (utils.files.jsonfiles.write_json_file) for every JSON file: the index's manifest went
     through a second one that wrote NaN."""
     index, _ = synthetic_index(n=40, dim=4)
     index.built_by["settings"] = {"hybrid_dense_weight": float("nan")}

@@ -160,7 +160,7 @@ def test_results_are_strict_json(tiny_bert_dir, tmp_path):
 
 
 def test_an_evaluation_creates_nothing_until_it_publishes_and_a_finished_one_is_never_silently_reused(tmp_path):
-    from utils.loop.errors import UserError
+    from utils.errors import UserError
     from utils.loop.output_dir import write_marker
 
     out = tmp_path / "eval"

@@ -3,7 +3,7 @@
 import pytest
 from conftest import SAMPLE
 
-from utils.squad.files import load_squad
+from utils.files.squad import load_squad
 from utils.reader.windows import prepare_windows, truncate_questions
 
 

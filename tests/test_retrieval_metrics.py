@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from utils.retriever.ranking import count_at_least, gold_ranks, retrieval_metrics
+from utils.search.ranking import count_at_least, gold_ranks, retrieval_metrics
 
 
 def test_ranks_topk_mrr_by_hand():

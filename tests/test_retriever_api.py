@@ -13,10 +13,10 @@ import pytest
 
 from conftest import SAMPLE, assert_user_error, run_script
 from tolerance import assert_ranks_within, assert_top_k_of
-from utils.loop.errors import UserError
-from utils.retriever.bm25 import BM25
-from utils.retriever.data import load_dpr, load_passages
-from utils.retriever.index import Index
+from utils.errors import UserError
+from utils.search.bm25 import BM25
+from utils.files.dpr import load_dpr, load_passages
+from utils.search.index import Index
 from utils.retriever.retriever import Retriever
 
 FLAGS = ["--per_device_train_batch_size", 8, "--num_hard_negatives", 1]  # the in-batch rank depends on them
@@ -234,7 +234,7 @@ def test_saving_an_index_destroys_nothing_that_is_not_an_index_and_replaces_an_i
 
 def tiny_index(n=3):
     """An index of n passages with made-up vectors: what saving does not depend on."""
-    from utils.retriever.search import Vectors
+    from utils.search.exact import Vectors
 
     built_by = {"model": "tiny", "passage_encoder": "-", "settings": {}, "precision": "no"}
     passages = [{"passage_id": f"p{i}", "title": "", "text": f"text {i}"} for i in range(n)]

@@ -18,10 +18,10 @@ import pytest
 
 from conftest import ROOT, SAMPLE, free_port
 from tolerance import assert_answered_alike, assert_ranked_alike
-from utils.loop.errors import UserError
+from utils.errors import UserError
 from utils.reader.trained import ReaderSettings
-from utils.retriever.index import question_list
-from utils.squad.files import load_questions
+from utils.search.index import question_list
+from utils.files.squad import load_questions
 from utils.system.pipeline import QASystem
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -170,7 +170,7 @@ def test_bad_requests_are_4xx_naming_the_field_and_the_server_keeps_serving(serv
                                                (["Who?", "Where?", "x" * 1001], {"max_chars": 1000})],
                          ids=["blank-in-list", "blank", "too-long"])
 def test_the_server_refuses_a_question_in_the_python_apis_words(server, questions, limits):
-    """One check of the questions (utils.retriever.questions) for the API and the server: the same problem in the
+    """One check of the questions (utils.files.questions) for the API and the server: the same problem in the
     same words, the server's limits added."""
     status, body = server.ask(questions)
     with pytest.raises(UserError) as refused:

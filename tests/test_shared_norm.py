@@ -16,7 +16,7 @@ from utils.reader.decoding import decode_spans
 from utils.reader.passages import drawn
 from utils.reader.shared_norm import group_batch, shared_norm_loss
 from utils.reader.windows import prepare_windows
-from utils.squad.answers import answer_spans
+from utils.files.answers import answer_spans
 from utils.system.answer import answer, combine
 
 
@@ -154,8 +154,8 @@ def test_questions_are_grouped_by_the_longest_window_they_read_in_the_epoch(toke
     from accelerate import Accelerator
 
     from utils.reader.groups import QuestionGroups
-    from utils.retriever.data import load_passages
-    from utils.squad.files import load_squad
+    from utils.files.dpr import load_passages
+    from utils.files.squad import load_squad
 
     examples, _ = load_squad(f"{SAMPLE}/train.json")
     args = SimpleNamespace(passages_per_question=2, seed=0, max_seq_length=256, doc_stride=32, max_query_length=32,

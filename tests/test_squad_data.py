@@ -5,9 +5,9 @@ import json
 import pytest
 from conftest import SAMPLE
 
-from utils.loop.errors import UserError
+from utils.errors import UserError
 from utils.reader.squad_data import split_by_article
-from utils.squad.files import load_squad
+from utils.files.squad import load_squad
 
 
 def write(tmp_path, obj, name="data.json"):
@@ -110,7 +110,7 @@ def test_dev_split_is_by_article_without_leakage():
 
 
 def test_one_questions_loader_for_every_layout_with_one_rule_for_ids_answers_and_contexts(tmp_path):
-    from utils.squad.files import load_questions
+    from utils.files.squad import load_questions
 
     labelled = squad([{"id": "q1", "question": "Who built a loom?", "answers": [{"text": "Ada", "answer_start": 0}]},
                       {"id": "q2", "question": "Why?", "is_impossible": True, "answers": []}])

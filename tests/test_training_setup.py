@@ -113,7 +113,7 @@ def test_grad_cache_under_deepspeed_is_refused():
 
     from train_dpr import DPRArgs
     from utils.loop.args import parse_args
-    from utils.loop.errors import UserError
+    from utils.errors import UserError
 
     args = parse_args(DPRArgs, ["--grad_cache_chunk_size", "4"])
     args.check_distributed(DistributedType.MULTI_GPU)
@@ -124,7 +124,7 @@ def test_grad_cache_under_deepspeed_is_refused():
 def test_best_model_keeping_under_sharded_parameters_is_refused_at_start_up():
     from accelerate.utils import DistributedType
 
-    from utils.loop.errors import UserError
+    from utils.errors import UserError
     from utils.loop.process import check_layout
 
     args = SimpleNamespace(eval_steps=100)

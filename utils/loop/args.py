@@ -18,7 +18,7 @@ from typing import Literal, Optional
 
 from transformers import AutoConfig, HfArgumentParser
 
-from utils.loop.errors import UserError
+from utils.errors import UserError
 
 # RoBERTa-style models number positions from pad_token_id + 1: max_position_embeddings - pad_token_id - 1 usable.
 _POSITIONS_AFTER_PADDING = {"roberta", "xlm-roberta", "camembert", "xlm-roberta-xl", "roberta-prelayernorm",

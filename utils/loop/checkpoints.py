@@ -11,7 +11,7 @@ import shutil
 import torch
 from safetensors.torch import load_file
 
-from utils.loop.jsonfiles import json_safe
+from utils.files.jsonfiles import json_safe
 
 logger = logging.getLogger("qa-amp")
 

@@ -22,8 +22,8 @@ from tqdm.auto import tqdm
 
 from utils.loop.checkpoints import (checkpoint_dir, list_checkpoints, replace_dir, resolve_resume, restore_best_model,
                                     save_checkpoint, supersede_later_checkpoints)
-from utils.loop.errors import Interrupted, UserError
-from utils.loop.jsonfiles import json_line
+from utils.errors import Interrupted, UserError
+from utils.files.jsonfiles import json_line
 from utils.loop.optim import optimizer_step
 from utils.loop.process import bare_model, full_state_dict, tracker_config
 from utils.loop.task import Task
@@ -103,7 +103,7 @@ def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader
         metrics_before_training: dict | None = None) -> tuple[LoopState, dict]:
     """Train `model` (already prepared) for `plan.total_updates` updates. Returns the loop state and the final
     evaluation of the model left in place (the best one, if an earlier evaluation beat the last). Ctrl-C ends it
-    with one line that says where it stopped and how to resume (utils.loop.errors.Interrupted)."""
+    with one line that says where it stopped and how to resume (utils.errors.Interrupted)."""
     state = LoopState(metrics_before_training=metrics_before_training)
     accelerator.register_for_checkpointing(scheduler, state, *task.checkpoint_objects())
     best_dir = os.path.join(args.output_dir, "best_model")

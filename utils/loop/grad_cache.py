@@ -8,7 +8,7 @@ training step of a contrastive loss over a whole batch, in the memory of one chu
 
 The parameter gradients equal the full-batch step's. Under DDP every chunk but the last backpropagates inside
 `no_sync`, so gradients are all-reduced once per step. Model-agnostic: the task gives the chunks, how a chunk is
-embedded and the loss; utils.retriever.task uses it for DPR's --grad_cache_chunk_size.
+embedded and the loss; utils.retriever.dpr_task uses it for DPR's --grad_cache_chunk_size.
 """
 
 import contextlib

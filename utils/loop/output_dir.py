@@ -30,7 +30,7 @@ from contextlib import contextmanager
 
 from accelerate.utils import broadcast_object_list
 
-from utils.loop.errors import UserError
+from utils.errors import UserError
 
 MARKER = ".qa-amp.json"
 CHECKPOINTS = "checkpoints"

@@ -16,7 +16,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, InitProcessGroupKwargs, set_seed
 
 from utils.loop.args import as_config
-from utils.loop.errors import UserError
+from utils.errors import UserError
 from utils.loop.output_dir import prepare_output_dir
 
 logger = logging.getLogger("qa-amp")

@@ -1,12 +1,12 @@
 """The contract between the shared training loop (utils.loop.fit) and a task: how a batch becomes a loss, which
 metrics it reports and in which direction they improve, how it evaluates, saves, loads and reports. The reader
-(utils.reader.task) and the DPR retriever (utils.retriever.task) are the two tasks."""
+(utils.reader.reader_task) and the DPR retriever (utils.retriever.dpr_task) are the two tasks."""
 
 import abc
 
 import torch
 
-from utils.loop.errors import UserError
+from utils.errors import UserError
 
 
 class Task(abc.ABC):

@@ -10,7 +10,7 @@ F1 (or EM) on this data.
 
 from collections import Counter
 
-from utils.squad.answers import normalize_answer
+from utils.files.answers import normalize_answer
 
 
 def exact_match(gold: str, pred: str) -> int:

@@ -4,9 +4,9 @@ passages a retriever ranks high for it, all of them normalised together (utils.r
 Per question, a pool of its best-ranked passages of a corpus (BM25's), its own paragraph
 left out (it is always read); every epoch draws `passages_per_question - 1` of the pool anew, a pure function of
 (seed, epoch, question), so a resumed run draws what the interrupted one would have. A retrieved passage that holds
-one of an answerable question's answer strings (utils.squad.answers: normalised, whole tokens) is trained as a
+one of an answerable question's answer strings (utils.files.answers: normalised, whole tokens) is trained as a
 positive, every occurrence of the answer in it that the same matcher counts a target
-(utils.squad.answers.answer_spans), as facebookresearch/DPR's reader does: the QA system is right to answer from any
+(utils.files.answers.answer_spans), as facebookresearch/DPR's reader does: the QA system is right to answer from any
 passage that says the answer, and calling it unanswerable would teach the reader to doubt the very passages it should
 answer from. One where the string only matches after normalisation (other case or punctuation), so that no span of it
 can be labelled, is left out of the pool: it is neither a clean positive nor a negative. Passages read with an
@@ -15,8 +15,8 @@ unanswerable question are all negatives.
 
 import numpy as np
 
-from utils.retriever.bm25 import BM25
-from utils.squad.answers import answer_patterns, answer_spans, holds_answer, normalized
+from utils.search.bm25 import BM25
+from utils.files.answers import answer_patterns, answer_spans, holds_answer, normalized
 
 POOL_PER_PASSAGE = 4  # a question's pool: this many candidates per passage drawn each epoch
 

@@ -1,12 +1,12 @@
-"""The reader's training and dev examples: from SQuAD-format files (utils.squad.files) or a hub dataset, with a dev
+"""The reader's training and dev examples: from SQuAD-format files (utils.files.squad) or a hub dataset, with a dev
 set carved off by whole articles when no dev file is given."""
 
 import logging
 import random
 from collections import defaultdict
 
-from utils.loop.errors import UserError
-from utils.squad.files import load_squad
+from utils.errors import UserError
+from utils.files.squad import load_squad
 
 logger = logging.getLogger("qa-amp")
 

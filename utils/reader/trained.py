@@ -3,7 +3,7 @@
 A reader trained by train_reader.py saves `reader_settings.json` beside its weights: the windowing and
 span-decoding settings of the run and the null threshold it tuned on its dev set (with a fingerprint of the
 questions it was tuned on). Everything that answers questions reads it and runs the same code: `Reader` (below),
-and `train_reader.py --do_train false` (utils.reader.evaluate_or_predict), which is also how the run's own
+and `train_reader.py --do_train false` (utils.reader.evaluate_reader), which is also how the run's own
 evaluation decodes (utils.reader.decoding).
 
     from utils.reader import Reader
@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from utils.loop.batching import pad_batch
-from utils.loop.errors import UserError
+from utils.errors import UserError
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
 from utils.reader.windows import prepare_windows
 

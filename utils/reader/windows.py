@@ -7,7 +7,7 @@ unanswerable question, is labelled with the [CLS] position (index 0), the "no an
 Evaluation windows keep the character offsets of context tokens (None elsewhere) so spans decode back to text.
 """
 
-from utils.loop.errors import UserError
+from utils.errors import UserError
 
 LABELS = ("answer", "spans", "offsets")  # what a window carries: see prepare_windows
 

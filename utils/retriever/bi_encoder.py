@@ -101,7 +101,7 @@ def load_bi_encoder(query_path: str, passage_path: str, shared: bool, pooling: s
                     length_buckets: int = 1) -> BiEncoder:
     """The bi-encoder (encoders, sharing, pooling, similarity, length buckets); a one-line error when an encoder
     cannot be loaded."""
-    from utils.loop.errors import UserError
+    from utils.errors import UserError
 
     try:
         return BiEncoder.from_pretrained(query_path, passage_path, shared, pooling, similarity == "cosine",

@@ -40,7 +40,7 @@ def load_tokenizers(query_path: str, passage_path: str, shared: bool, max_query_
     from transformers import AutoTokenizer
 
     from utils.loop.args import check_max_length
-    from utils.loop.errors import UserError
+    from utils.errors import UserError
 
     passage_path = query_path if shared else passage_path
     try:

@@ -3,8 +3,8 @@ sentence window with --window_sentences), by BM25 and by two hybrids of both, an
 
 Every evaluation reports top-1/5/20/100, MRR@10 and the mean rank of the gold passage for each ranking, so a run
 shows at once whether the trained encoder beats BM25 and whether it adds to it. Nothing builds the questions x
-corpus matrix: each process encodes and searches its own shard of the corpus (utils.retriever.search), BM25 scores
-one question at a time, and the hybrids fuse the two rankings' candidates (utils.retriever.fusion). The convex
+corpus matrix: each process encodes and searches its own shard of the corpus (utils.search.exact), BM25 scores
+one question at a time, and the hybrids fuse the two rankings' candidates (utils.search.fusion). The convex
 hybrid's metrics mean the same in a training run and in the eval-only mode: `hybrid_*` cross-fitted (each half of
 the questions scored with the dense weight tuned on the other half), `hybrid_tuned_*` at the weight tuned on all of
 them (an upper bound; a training run records this weight), and, in the eval-only mode, `hybrid_recorded_*` at the
@@ -18,15 +18,15 @@ import torch
 from accelerate.utils import gather_object
 
 from utils.loop.process import bare_model
-from utils.retriever.bm25 import BM25
-from utils.retriever.data import key_hash, passage_key, unique_passages
+from utils.search.bm25 import BM25
+from utils.files.dpr import key_hash, passage_key, unique_passages
 from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
-from utils.retriever.fusion import (CANDIDATES, convex_fusion, cross_fitted_ranks, fused_gold_ranks, gather_candidates,
+from utils.search.fusion import (CANDIDATES, convex_fusion, cross_fitted_ranks, fused_gold_ranks, gather_candidates,
                                     reciprocal_rank_fusion, tune_dense_weight)
 from utils.retriever.loss import batch_ranks
-from utils.retriever.ranking import retrieval_metrics
-from utils.retriever.search import Vectors, dense_search, score_passages, score_shards
-from utils.retriever.shards import shard, summed_counts
+from utils.search.ranking import retrieval_metrics
+from utils.search.exact import Vectors, dense_search, score_passages, score_shards
+from utils.search.shards import shard, summed_counts
 from utils.retriever.sentence_windows import sentence_windows
 
 logger = logging.getLogger("qa-amp")

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from utils.retriever.ranking import gold_ranks
+from utils.search.ranking import gold_ranks
 
 
 def contrastive_scores(q: torch.Tensor, p: torch.Tensor, positive_idx: torch.Tensor, passage_keys: torch.Tensor,
@@ -35,7 +35,7 @@ def _positions(n_questions: int, n_passages: int, device) -> torch.Tensor:
 def batch_ranks(scores: torch.Tensor, passage_keys: torch.Tensor) -> torch.Tensor:
     """Rank of each question's positive among the passages of its batch, from scores (questions x passages) laid
     out as in training; duplicates of the positive do not count; ties and NaN as in every other ranking
-    (utils.retriever.ranking)."""
+    (utils.search.ranking)."""
     positive_idx = _positions(*scores.shape, scores.device)
     masked = _mask_duplicates(scores, positive_idx, passage_keys)
     return torch.from_numpy(gold_ranks(masked.cpu().numpy(), [[int(j)] for j in positive_idx]))

@@ -5,7 +5,7 @@
 Every paragraph becomes a passage (passage_id "Title#paragraph_index"). Every answerable question
 becomes a DPR example: its own paragraph as the positive, the top BM25 paragraphs (question as the
 query, ranked with the bm25s library) that contain none of its answer strings as hard negatives,
-and random paragraphs without an answer string as negatives (answers matched as in utils.squad.answers: normalised,
+and random paragraphs without an answer string as negatives (answers matched as in utils.files.answers: normalised,
 on token boundaries). Unanswerable questions have no
 positive and are left out.
 """
@@ -16,10 +16,10 @@ import os
 import random
 import sys
 
-from utils.loop.errors import UserError, exit_on_user_error
-from utils.squad.files import load_squad
-from utils.squad.answers import answer_patterns, holds_answer, normalized
-from utils.retriever.bm25 import BM25
+from utils.errors import UserError, exit_on_user_error
+from utils.files.squad import load_squad
+from utils.files.answers import answer_patterns, holds_answer, normalized
+from utils.search.bm25 import BM25
 
 
 def build(examples: list[dict], num_hard_negatives: int, num_negatives: int, seed: int):

@@ -6,7 +6,7 @@ precision it was evaluated at).
     retriever = Retriever("outputs/dpr-squad")
     q = retriever.encode_questions(["Who designed the Corran lighthouse?"])       # (1, dim) float32
     vectors, owner = retriever.encode_passages(passages)   # windows as trained; owner[row] = its passage
-    index = retriever.index("corpus.jsonl")                 # utils.retriever.index: in memory; index_corpus.py at scale
+    index = retriever.index("corpus.jsonl")                 # utils.search.index: in memory; index_corpus.py at scale
 """
 
 import os
@@ -15,7 +15,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from utils.loop.errors import UserError
+from utils.errors import UserError
 from utils.retriever.bi_encoder import load_bi_encoder
 from utils.retriever.encoding import encode_texts, load_tokenizers, tokenize_passages, tokenize_questions
 from utils.retriever.sentence_windows import sentence_windows
@@ -73,7 +73,7 @@ class Retriever:
             return encode_texts(self.model, tokens, side, pad, self.batch_size, self.device, progress=progress)
 
     def encode_questions(self, questions: list[str]) -> torch.Tensor:
-        from utils.retriever.index import question_list
+        from utils.search.index import question_list
 
         return self._encode(tokenize_questions(self.q_tok, question_list(questions), self.settings.max_query_length),
                             "query", self.q_tok.pad_token_id)
@@ -91,14 +91,14 @@ class Retriever:
 
     def index(self, passages, dtype: str = "float32", bm25: bool = True, progress: bool = True):
         """An in-memory Index of `passages` (a list of {"title", "text", "passage_id"}, or a JSON-lines file of
-        them; checked as every corpus is, utils.retriever.data.load_passages, before anything is embedded).
+        them; checked as every corpus is, utils.files.dpr.load_passages, before anything is embedded).
         float16 halves the index's memory for scores within about 1e-3 of float32's (exact: float32). With `bm25`,
         a BM25 index for the hybrid is built too. For a corpus beyond memory, index_corpus.py writes the index as it
         goes, from every process."""
-        from utils.retriever.bm25 import BM25
-        from utils.retriever.data import load_passages
-        from utils.retriever.index import Index
-        from utils.retriever.search import Vectors
+        from utils.search.bm25 import BM25
+        from utils.files.dpr import load_passages
+        from utils.search.index import Index
+        from utils.search.exact import Vectors
 
         if dtype not in ("float32", "float16"):
             raise UserError(f"index dtype {dtype!r}: choose float32 or float16")

@@ -5,9 +5,9 @@ with the window of its passage that holds its answer."""
 
 import numpy as np
 
-from utils.squad.answers import answer_patterns, holds_answer, normalized
-from utils.retriever.bm25 import terms
-from utils.retriever.data import passage_key, text_key
+from utils.files.answers import answer_patterns, holds_answer, normalized
+from utils.search.bm25 import terms
+from utils.files.dpr import passage_key, text_key
 from utils.retriever.sentences import window_texts
 
 

@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 
-from utils.loop.errors import UserError
+from utils.errors import UserError
 
 SETTINGS_FILE = "retriever_settings.json"
 QUERY_ENCODER, PASSAGE_ENCODER = "query_encoder", "passage_encoder"

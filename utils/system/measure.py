@@ -8,12 +8,12 @@ import math
 import numpy as np
 
 from utils.reader.metrics import best_null_threshold, squad_metrics
-from utils.squad.answers import answer_patterns, holds_answer, normalized
+from utils.files.answers import answer_patterns, holds_answer, normalized
 from utils.system.answer import CLIP, answer, combine
 
 
 def labelled(questions: list[dict]) -> bool:
-    """Whether the questions carry answers (utils.squad.files.load_questions: all of them or none)."""
+    """Whether the questions carry answers (utils.files.squad.load_questions: all of them or none)."""
     return questions[0]["answers"] is not None
 
 

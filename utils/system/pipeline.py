@@ -7,17 +7,17 @@ answer by the one rule of utils.system.answer.
         print(a["answer"] or "(no answer)", a["passage_id"], a["score"])
     qa.ask("Who designed the Corran lighthouse?")                      # one question: its answer, not a list
 
-The retriever ranks with its recorded settings (sentence windows, the hybrid's dense weight: utils.retriever.index)
+The retriever ranks with its recorded settings (sentence windows, the hybrid's dense weight: utils.search.index)
 and the reader reads with its own (windows, decoding: utils.reader.trained); each runs at the precision it was
 trained at unless one is given. The threshold is the reader's recorded one unless a system threshold (tuned by
 qa_system.py on labelled questions) is given, and so is the weight of the retriever's score in the answer.
 """
 
-from utils.loop.errors import UserError
+from utils.errors import UserError
 from utils.reader.trained import Reader
-from utils.retriever.bm25 import BM25
-from utils.retriever.data import load_passages
-from utils.retriever.index import Index, check_k, question_list, ranked_passages
+from utils.search.bm25 import BM25
+from utils.files.dpr import load_passages
+from utils.search.index import Index, check_k, question_list, ranked_passages
 from utils.retriever.retriever import Retriever
 from utils.system.answer import answer, combine
 
@@ -31,7 +31,7 @@ class QASystem:
                  calibration: tuple[float, float] | None = None):
         """`retriever`: a directory written by train_dpr.py (or its loaded `Retriever`), or "bm25". `reader`: a
         directory written by train_reader.py (or its loaded `Reader`). `passages`: the corpus (a JSON-lines file or a
-        list of {"title", "text", "passage_id"}, checked by utils.retriever.data.load_passages), or `index`: an Index
+        list of {"title", "text", "passage_id"}, checked by utils.files.dpr.load_passages), or `index`: an Index
         of it (or its directory). `hybrid`: fuse the dense ranking with BM25 at the retriever's recorded weight
         (default: when it has one). `precision`: the autocast of both models ("no", "bf16", "fp16"); default: each
         model's own, as trained. `progress`: progress bars while indexing and reading. `retriever_weight`: how much
@@ -121,7 +121,7 @@ class QASystem:
         "passages" (the k passages read: their ids, titles, texts, retrieval scores and what the reader found in
         each)}. `questions`: a list of strings, or one string (then the result is its answer, not a list). `k`: the
         passages read per question, or a list of one k per question (retrieved together at the largest: a ranking's
-        first k are the same whatever k was asked for, utils.retriever.selection). `threshold`: the system's
+        first k are the same whatever k was asked for, utils.search.kbest). `threshold`: the system's
         (default: the reader's recorded one; None: always answer)."""
         one = isinstance(questions, str)
         questions = question_list(questions)

@@ -19,8 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
-from utils.loop.errors import UserError
-from utils.retriever.questions import QuestionError, question_list
+from utils.errors import UserError
+from utils.files.questions import QuestionError, question_list
 from utils.system.batcher import Batcher
 
 logger = logging.getLogger("qa-amp")
@@ -96,7 +96,7 @@ class BodyLimit:
 
 def check_request(body: AskRequest, limits: Limits) -> tuple[list[str], int]:
     """(questions, k) of a request, or BadRequest naming the field: the questions by the Python API's own check
-    (utils.retriever.questions) at the server's limits."""
+    (utils.files.questions) at the server's limits."""
     try:
         questions = question_list(body.question, limits.max_questions, limits.max_question_chars, at_least_one=True)
     except QuestionError as err:

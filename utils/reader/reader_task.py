@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from utils.loop.checkpoints import load_weights
-from utils.loop.errors import UserError
-from utils.loop.jsonfiles import write_json
+from utils.errors import UserError
+from utils.files.jsonfiles import write_json
 from utils.loop.task import Task
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
 from utils.reader.metrics import best_null_threshold, squad_metrics

@@ -8,7 +8,7 @@ names the question (`question #i` in a list, as the Python API numbers them), wi
 the field of its JSON error (`question` or `question[i]`).
 """
 
-from utils.loop.errors import UserError
+from utils.errors import UserError
 
 
 class QuestionError(UserError):

@@ -5,8 +5,8 @@ only each question's k best passages are kept: memory is one block of scores plu
 the questions x corpus matrix (21M passages x 6,515 questions would be half a terabyte in float32). A passage cut
 into sentence windows scores as its best window (MaxP); blocks end on passage boundaries, so that is exact too.
 Under several processes each one holds a contiguous shard of the passages and searches it; `dense_search` merges
-the per-process results (utils.retriever.shards): the same result as one process, ties aside (the k best are kept
-by utils.retriever.selection's keys). Ties and NaN follow the project's one rank rule (utils.retriever.ranking):
+the per-process results (utils.search.shards): the same result as one process, ties aside (the k best are kept
+by utils.search.kbest's keys). Ties and NaN follow the project's one rank rule (utils.search.ranking):
 NaN scores rank last, and `count_at_least` counts ties against the passage being ranked.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from utils.retriever.selection import KBest, passing
-from utils.retriever.shards import max_scores, merge_columns, merged_top_k, summed_counts
+from utils.search.kbest import KBest, passing
+from utils.search.shards import max_scores, merge_columns, merged_top_k, summed_counts
 
 
 # Queries scored together: each block of vectors is read once per this many queries, and a block's scores
@@ -146,7 +146,7 @@ def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, excl
     id; fewer columns when there are fewer passages) and, with `thresholds` (one score per query), how many passages
     other than those in `exclude` (query x ids, -1 padded: the gold passages) score at least that much: with the
     gold passages' best score as threshold (`gold_scores`), a gold passage's rank is that count + 1
-    (utils.retriever.ranking's rule). Blocks of about `block_rows` vectors, queries `query_block` at a time.
+    (utils.search.ranking's rule). Blocks of about `block_rows` vectors, queries `query_block` at a time.
 
     Exact in fp32 whatever the hardware. Two searches: `_k_best` (the k best alone: where bf16 products are fast
     it may skip, per block, the queries that cannot gain from it, `prefilter`) and `_k_best_and_counts` (with

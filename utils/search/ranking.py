@@ -5,7 +5,7 @@ the number of other passages scoring at least as high, so ties count against it 
 score, 0 for no shared term, and a question that shares no term with any passage must not count as a hit), and a
 NaN score ranks last (a comparison with NaN is False, which would otherwise put it first: an encoder that diverged
 in fp16 would report top-1 = 100). `count_at_least` is that rule for a small matrix (a batch's scores); the search
-engine (utils.retriever.search) applies it block by block to a whole corpus.
+engine (utils.search.exact) applies it block by block to a whole corpus.
 """
 
 import numpy as np

@@ -15,7 +15,7 @@ docs/RESULTS.md.
 
 import numpy as np
 
-from utils.loop.errors import UserError
+from utils.errors import UserError
 
 KINDS = ("flat", "ivf", "ivfpq", "hnsw")
 CHUNK = 65536  # vectors added at a time
@@ -110,7 +110,7 @@ def search_faiss(index, faiss_index, questions, k: int = 10, nprobe: int | None 
                  ef_search: int | None = None):
     """`Index.search` through a FAISS index of its vectors (`build_faiss`), at the given search settings: per
     question its k best passages as search results."""
-    from utils.retriever.index import check_k, passage_hit, question_list
+    from utils.search.index import check_k, passage_hit, question_list
 
     one = isinstance(questions, str)
     questions = question_list(questions)

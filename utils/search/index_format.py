@@ -21,8 +21,8 @@ import os
 
 import numpy as np
 
-from utils.loop.errors import UserError
-from utils.loop.jsonfiles import json_line, json_lines, write_json_file
+from utils.errors import UserError
+from utils.files.jsonfiles import json_line, json_lines, write_json_file
 
 INDEX_FILE, FORMAT = "index.json", 3
 MANIFEST_FIELDS = ("model", "passage_encoder", "settings", "precision", "dimension", "dtype", "passages", "shards",

@@ -8,12 +8,12 @@ import time
 import torch
 
 from utils.loop.fit import evaluate_without_grad
-from utils.loop.jsonfiles import write_json
+from utils.files.jsonfiles import write_json
 from utils.loop.output_dir import publish_dir
 from utils.loop.process import finish
 from utils.reader.decoding import apply_null_threshold
-from utils.squad.files import is_impossible, load_questions, load_squad
-from utils.reader.task import ReaderTask, prepare_eval_set
+from utils.files.squad import is_impossible, load_questions, load_squad
+from utils.reader.reader_task import ReaderTask, prepare_eval_set
 from utils.reader.trained import ReaderSettings, fingerprint, load_qa_model
 
 

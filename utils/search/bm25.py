@@ -1,5 +1,5 @@
 """BM25 over a passage corpus (the bm25s library): the lexical baseline a dense retriever has to beat, and the lexical
-half of the hybrids (utils.retriever.fusion).
+half of the hybrids (utils.search.fusion).
 
 The converter (utils.retriever.make_dpr_data) mines hard negatives with it and the DPR evaluation reports it beside the
 dense ranking, with the same tokenisation: passages as "title text", English stopwords removed, words reduced to
@@ -21,7 +21,7 @@ class BM25:
 
     def __init__(self, passages: list[dict]):
         if not passages:
-            from utils.loop.errors import UserError
+            from utils.errors import UserError
 
             raise UserError("BM25 needs at least one passage")
         self.size = len(passages)
@@ -33,7 +33,7 @@ class BM25:
 
     @classmethod
     def load(cls, directory: str, size: int) -> "BM25":
-        from utils.loop.errors import UserError
+        from utils.errors import UserError
 
         out = cls.__new__(cls)
         try:
@@ -55,7 +55,7 @@ class BM25:
     def search(self, queries: list[str], k: int, gold: list[list[int]] | None = None,
                score_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
         """(scores, ids, gold ranks, scores of score_ids): per query its k best passages (ties: the smaller id first,
-        the project's one rule: utils.retriever.selection), with `gold` (per query its gold passages' ids, each
+        the project's one rule: utils.search.kbest), with `gold` (per query its gold passages' ids, each
         counted once) the rank of its best gold passage (1 + the others scoring at least as high: a question sharing
         no term with the corpus ranks last), with `score_ids` (query x ids, -1 = none) the BM25 score of those
         passages (the dense candidates a hybrid fuses)."""
@@ -78,7 +78,7 @@ class BM25:
 
 
 def k_best(scores: np.ndarray, k: int) -> np.ndarray:
-    """The ids of the k best scores, best first, equal scores by the smaller id (utils.retriever.selection's rule,
+    """The ids of the k best scores, best first, equal scores by the smaller id (utils.search.kbest's rule,
     the dense search's), whatever k: a k = 1 and a k = 10 search agree on the first hit. Linear in the corpus: the
     k-th best score by partition, then every passage above it and the smallest ids among those equal to it."""
     if k >= len(scores):

@@ -11,8 +11,8 @@ import os
 
 import numpy as np
 
-from utils.loop.errors import UserError
-from utils.loop.jsonfiles import json_lines, parse_json_line, read_json
+from utils.errors import UserError
+from utils.files.jsonfiles import json_lines, parse_json_line, read_json
 
 
 def _check_ctx(ctx, path, where):
@@ -108,7 +108,7 @@ def byte_ranges(path: str, parts: int) -> list[tuple[int, int]]:
 
 def stream_passages(path: str, start: int, stop: int, first_line: int = 1):
     """(passage, raw line, line number) of the JSON-lines corpus between two byte offsets (`byte_ranges`), its lines
-    read by the one JSON-lines reader (utils.loop.jsonfiles.json_lines, as `load_passages` reads a whole file), checked
+    read by the one JSON-lines reader (utils.files.jsonfiles.json_lines, as `load_passages` reads a whole file), checked
     one by one as `load_passages` checks them (uniqueness of the ids is the caller's: it spans the whole corpus).
     `first_line`: the number of the range's first line, where known, for the errors."""
     if path.endswith(".json") and start == 0:
@@ -208,7 +208,7 @@ def evaluation_data(args) -> tuple[list[dict], list[dict], list[list[dict]]]:
     if args.max_eval_samples:
         dev = dev[: args.max_eval_samples]
     if getattr(args, "index", None):  # the passages of a built index (checked when it was built), in its order
-        from utils.retriever.index import Index
+        from utils.search.index import Index
 
         passages = list(Index.load(args.index).passages)
     else:

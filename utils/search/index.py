@@ -1,11 +1,11 @@
 """An index of a corpus: its vectors (in shards), its passages, optionally BM25 over them, and what made the vectors.
 
 `Retriever.index(passages)` (utils.retriever.retriever) builds one in memory; `index_corpus.py` builds one on disk
-from every process, shard by shard, resumable; both save the same directory layout (utils.retriever.index_files),
-which `Index.load` maps where it lies. The search is exact (utils.retriever.search: blockwise, never the questions
+from every process, shard by shard, resumable; both save the same directory layout (utils.search.index_format),
+which `Index.load` maps where it lies. The search is exact (utils.search.exact: blockwise, never the questions
 x corpus matrix), each passage ranked by its best sentence window for a sentence-trained retriever, optionally fused
-with BM25 at the recorded weight (utils.retriever.fusion); FAISS indexes for approximate search are built from the
-shards (utils.retriever.faiss_index).
+with BM25 at the recorded weight (utils.search.fusion); FAISS indexes for approximate search are built from the
+shards (utils.search.faiss_index).
 
     from utils.retriever import Index, Retriever
     index = Retriever("outputs/dpr-squad").index("corpus.jsonl")     # or Index.load("outputs/corpus-index")
@@ -15,7 +15,7 @@ shards (utils.retriever.faiss_index).
 
 Several processes may each load only their share of the shards (`Index.load(dir, share=(rank, world))`): a search
 is then a collective that every process calls with the same questions, each searching its shards, the results
-merged (utils.retriever.shards): the same as one process searching them all.
+merged (utils.search.shards): the same as one process searching them all.
 """
 
 import os
@@ -23,16 +23,16 @@ from dataclasses import asdict
 
 import numpy as np
 
-from utils.loop.errors import UserError
-from utils.loop.jsonfiles import write_json_file
+from utils.errors import UserError
+from utils.files.jsonfiles import write_json_file
 from utils.loop.output_dir import read_marker, staged_directory
-from utils.retriever.bm25 import BM25
-from utils.retriever.fusion import gather_candidates, hybrid_ranking
-from utils.retriever.index_files import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, content_hash,
+from utils.search.bm25 import BM25
+from utils.search.fusion import gather_candidates, hybrid_ranking
+from utils.search.index_format import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, content_hash,
                                          holds_index_manifest, map_shard, read_manifest, shard_name)
-from utils.retriever.questions import question_list
-from utils.retriever.search import Vectors, score_shards, search_shards
-from utils.retriever.shards import shard as share_of
+from utils.files.questions import question_list
+from utils.search.exact import Vectors, score_shards, search_shards
+from utils.search.shards import shard as share_of
 
 # What an index's vectors depend on beside the passage encoder's weights: compared with the retriever searching it.
 VECTOR_SETTINGS = ("pooling", "similarity", "embed_title", "window_sentences", "max_passage_length")
@@ -101,7 +101,7 @@ class Index:
         """Per question its k best passages, best first: {"passage_id", "title", "text", "score"} (fewer when the
         corpus has fewer). Dense, or with `hybrid` fused with BM25 at the retriever's recorded dense weight over both
         rankings' candidates. `questions`: a list of strings; a single string is one question, and then the result
-        is that question's list of hits. The hybrid's first hits do not depend on k (utils.retriever.fusion: its
+        is that question's list of hits. The hybrid's first hits do not depend on k (utils.search.fusion: its
         candidates are each ranking's first hybrid_candidates; past them the dense ranking follows)."""
         one = isinstance(questions, str)
         questions = question_list(questions)
@@ -129,7 +129,7 @@ class Index:
     # --- on disk ---
 
     def save(self, directory: str, overwrite: bool = False) -> None:
-        """The index as index_corpus.py writes one (utils.retriever.index_files), one shard per shard held. A
+        """The index as index_corpus.py writes one (utils.search.index_format), one shard per shard held. A
         directory that holds anything but an index is refused, an index only replaced with `overwrite`; the new
         index is written beside it and swapped in as a whole (utils.loop.output_dir.staged_directory), so that a
         crash leaves the old index or the new one, never none or a mix."""
@@ -188,15 +188,15 @@ class Index:
             index.use(retriever, directory)
         return index
 
-    # --- FAISS (utils.retriever.faiss_index) ---
+    # --- FAISS (utils.search.faiss_index) ---
 
     def to_faiss(self, kind: str = "flat", **options):
-        from utils.retriever.faiss_index import build_faiss
+        from utils.search.faiss_index import build_faiss
 
         return build_faiss(self, kind, **options)
 
     def search_faiss(self, faiss_index, questions, k: int = 10, **options):
-        from utils.retriever.faiss_index import search_faiss
+        from utils.search.faiss_index import search_faiss
 
         return search_faiss(self, faiss_index, questions, k, **options)
 
@@ -210,7 +210,7 @@ def manifest(built_by: dict, dtype: str, dimension: int, passages: int, shards: 
 
 def check_index_target(directory: str, overwrite: bool, flag: str = "overwrite=True") -> None:
     """Where an index may be written: a new or empty directory, or with `overwrite` (`flag`: how the caller's user
-    asks for it) one this project wrote and marked: an index (its manifest, utils.retriever.index_files) or a run's
+    asks for it) one this project wrote and marked: an index (its manifest, utils.search.index_format) or a run's
     outputs (the marker of utils.loop.output_dir). Anything else, a file or a directory that merely holds a file
     named index.json, is refused even with `overwrite`: replacing it would delete a user's data (one-line errors)."""
     if os.path.lexists(directory) and not os.path.isdir(directory):

@@ -1,6 +1,6 @@
 """Building an index on disk from every process (index_corpus.py, and qa_system.py when given passages): each
 process checks and embeds one contiguous shard of the corpus file (its byte range, cut at line starts), chunk by
-chunk, into its own shard files (utils.retriever.index_files); a killed build resumes after each shard's last
+chunk, into its own shard files (utils.search.index_format); a killed build resumes after each shard's last
 complete chunk. The corpus is streamed, never loaded whole: a process holds one chunk's tokens and vectors."""
 
 import hashlib
@@ -13,12 +13,12 @@ import numpy as np
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
 
-from utils.loop.errors import UserError
-from utils.loop.jsonfiles import json_lines, write_json_file
-from utils.retriever.bm25 import BM25
-from utils.retriever.data import byte_ranges, count_lines, stream_passages
-from utils.retriever.index import check_index_target, manifest
-from utils.retriever.index_files import (INDEX_FILE, PassageStore, ShardWriter, content_hash, map_shard, read_manifest,
+from utils.errors import UserError
+from utils.files.jsonfiles import json_lines, write_json_file
+from utils.search.bm25 import BM25
+from utils.files.dpr import byte_ranges, count_lines, stream_passages
+from utils.search.index import check_index_target, manifest
+from utils.search.index_format import (INDEX_FILE, PassageStore, ShardWriter, content_hash, map_shard, read_manifest,
                                          shard_name)
 
 logger = logging.getLogger("qa-amp")

@@ -11,14 +11,14 @@ resumed run draws what the interrupted one would have.
 import numpy as np
 
 from utils.reader.passages import ranked_passages
-from utils.squad.answers import answer_patterns, holds_answer, normalized
+from utils.files.answers import answer_patterns, holds_answer, normalized
 
 POOL_PER_NEGATIVE = 4  # a question's pool: this many candidates per negative drawn each epoch
 
 
 def negative_pools(examples: list[dict], passages: list[dict], count: int) -> list[list[int]]:
     """Per example, the indices of its `POOL_PER_NEGATIVE x count` best-ranked passages that are not its own
-    paragraph and hold none of its answer strings (utils.squad.answers: normalised, whole tokens)."""
+    paragraph and hold none of its answer strings (utils.files.answers: normalised, whole tokens)."""
     pool = POOL_PER_NEGATIVE * count
     ranked = ranked_passages(examples, passages, pool + 20)
     texts = [normalized(p["text"]) for p in passages]
@@ -57,7 +57,7 @@ def with_negative_passages(accelerator, args, tokenizer, train_examples, train_f
     import datasets
 
     from utils.reader.windows_cache import tokenize_windows
-    from utils.retriever.data import load_passages
+    from utils.files.dpr import load_passages
 
     passages = load_passages(args.passages)
     pools = negative_pools(train_examples, passages, args.negative_passages)

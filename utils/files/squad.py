@@ -16,8 +16,8 @@ An answer whose `answer_start` is off but whose text occurs in the context is mo
 nearest occurrence and counted (real data has these; see ../shared/data/README.md).
 """
 
-from utils.loop.errors import UserError
-from utils.loop.jsonfiles import read_json
+from utils.errors import UserError
+from utils.files.jsonfiles import read_json
 
 
 def load_squad(path: str, labelled: bool = True) -> tuple[list[dict], int]:

@@ -3,20 +3,20 @@ the best-ranked ones that are neither a positive of the question nor hold one of
 
 import numpy as np
 
-from utils.squad.answers import answer_patterns, holds_answer, normalized
-from utils.retriever.data import passage_key
+from utils.files.answers import answer_patterns, holds_answer, normalized
+from utils.files.dpr import passage_key
 
 
 def select_negatives(ranked: np.ndarray, questions: list[dict], passages: list[dict], count: int,
                      current: np.ndarray, normalized_texts: list[str] | None = None) -> np.ndarray:
     """Hard negatives from a ranking: for each question, the `count` best-ranked passages (indices into
     `passages`, ranked[i] best first) that are not one of its positives (same passage key, so no window of its gold
-    passage either, nor the same text) and hold none of its answer strings (utils.squad.answers: a passage that does is
+    passage either, nor the same text) and hold none of its answer strings (utils.files.answers: a passage that does is
     probably a false negative, the filter Tevatron applies). Those ranked above the gold are the model's
     mistakes; when the model ranks the gold first they are the ones just below it. Never short, never a
     duplicate: a question whose ranking runs out (tiny corpus) is topped up from its earlier negatives
     (`current`), then from the other passages in order; only a pool with fewer than `count` non-positive
-    passages repeats one. `normalized_texts`: utils.squad.answers.normalized of every passage, if already computed."""
+    passages repeats one. `normalized_texts`: utils.files.answers.normalized of every passage, if already computed."""
     texts = normalized_texts if normalized_texts is not None else [normalized(p["text"]) for p in passages]
     out = np.empty_like(current)
     for i, q in enumerate(questions):

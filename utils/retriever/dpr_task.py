@@ -23,20 +23,20 @@ from accelerate.utils import send_to_device
 
 from utils.loop.checkpoints import load_weights
 from utils.loop.grad_cache import grad_cache_step
-from utils.loop.jsonfiles import json_line
+from utils.files.jsonfiles import json_line
 from utils.loop.process import bare_model
 from utils.loop.task import Task
-from utils.squad.answers import normalized
-from utils.retriever.data import key_hash, passage_key, text_key, unique_passages
+from utils.files.answers import normalized
+from utils.files.dpr import key_hash, passage_key, text_key, unique_passages
 from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
 from utils.retriever.evaluation import RetrievalEvaluation
 from utils.retriever.exports import encoder_state, export_dpr, save_sentence_transformers_dir
-from utils.retriever.fusion import CANDIDATES
+from utils.search.fusion import CANDIDATES
 from utils.retriever.loss import global_loss
-from utils.retriever.negatives import select_negatives
-from utils.retriever.ranking import retrieval_metrics
-from utils.retriever.search import Vectors, dense_search
-from utils.retriever.shards import shard
+from utils.retriever.mined_negatives import select_negatives
+from utils.search.ranking import retrieval_metrics
+from utils.search.exact import Vectors, dense_search
+from utils.search.shards import shard
 from utils.retriever.settings import RetrieverSettings
 
 logger = logging.getLogger("qa-amp")
@@ -153,9 +153,9 @@ class DPRTask(Task):
 
     def refresh_negatives(self, model, when: str) -> None:
         """Re-mine every training question's hard negatives with the model being trained: each process encodes its
-        shard of the training passages and searches it for every training question (utils.retriever.search), the
+        shard of the training passages and searches it for every training question (utils.search.exact), the
         shards' rankings are merged, and every process keeps the same best-ranked passages that are neither a
-        positive nor answer-bearing (utils.retriever.negatives): the same negatives everywhere, no process ranking
+        positive nor answer-bearing (utils.retriever.mined_negatives): the same negatives everywhere, no process ranking
         for the others."""
         t0 = time.perf_counter()
         acc, device = self.accelerator, self.accelerator.device

@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from utils.loop.jsonfiles import json_line, write_json
+from utils.files.jsonfiles import json_line, write_json
 from utils.loop.output_dir import publish_dir
 from utils.loop.process import bare_model, finish
 from utils.retriever.bi_encoder import bi_encoder_of
@@ -22,7 +22,7 @@ def evaluate_only(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages) ->
     model.eval()
     index_shards, indexed, index_precision = None, 0, None
     if args.index:  # this process's share of the shards, checked against the retriever being evaluated
-        from utils.retriever.index import Index
+        from utils.search.index import Index
         from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, encoder_fingerprint
 
         index = Index.load(args.index, share=(accelerator.process_index, accelerator.num_processes))

@@ -1,12 +1,12 @@
 """Several processes, one corpus: each process holds a contiguous shard of the passages, searches it
-(utils.retriever.search), and the per-shard results are merged here into the result of the whole corpus, on every
-process: the same as one process, ties aside (the selection rule of utils.retriever.selection)."""
+(utils.search.exact), and the per-shard results are merged here into the result of the whole corpus, on every
+process: the same as one process, ties aside (the selection rule of utils.search.kbest)."""
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from utils.retriever.selection import select_k_best
+from utils.search.kbest import select_k_best
 
 
 def shard(count: int, process_index: int, num_processes: int) -> range:
@@ -42,7 +42,7 @@ def merged_top_k(scores: np.ndarray, ids: np.ndarray, k: int, device="cpu") -> t
 
 def merge_columns(scores: list, ids: list, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Several partial top-k results of the same queries (each queries x columns, -1 ids: none) -> their top k,
-    by the selection rule (utils.retriever.selection)."""
+    by the selection rule (utils.search.kbest)."""
     s = torch.cat([torch.as_tensor(x, dtype=torch.float32) for x in scores], 1)
     i = torch.cat([torch.as_tensor(x, dtype=torch.long) for x in ids], 1)
     held = i >= 0

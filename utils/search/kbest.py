@@ -1,6 +1,6 @@
 """Exact k-best selection that does not depend on how the corpus is cut: every (score, passage id) is one int64
 key ordered by the score, then by the smaller id, so that equal scores go to the same passage whatever the blocks
-of a search or the shards of several processes (utils.retriever.ranking's rule for ties)."""
+of a search or the shards of several processes (utils.search.ranking's rule for ties)."""
 
 import torch
 
