@@ -44,7 +44,7 @@ from utils.loop.output_dir import prepare_output_dir, publish_dir
 from utils.loop.process import finish, make_accelerator
 from utils.files.squad import load_questions
 from utils.reader.trained import fingerprint
-from utils.files.dpr import load_passages
+from utils.files.corpus import load_passages
 from utils.search.index import Index
 from utils.system.answer import combine
 from utils.system.inputs import SystemArgs, build_system

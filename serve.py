@@ -75,7 +75,7 @@ def main(argv=None):
     failure = []
 
     def load_system():  # on the app's loading thread: /health says "loading" meanwhile
-        from utils.files.dpr import load_passages
+        from utils.files.corpus import load_passages
         from utils.search.index import Index
 
         passages = load_passages(args.passages) if args.passages else None

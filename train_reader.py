@@ -57,7 +57,7 @@ from utils.loop.run import run
 from utils.reader.decoding import MODEL_INPUTS
 from utils.reader.evaluate_reader import evaluate_or_predict
 from utils.reader.negative_passages import with_negative_passages
-from utils.files.dpr import load_passages
+from utils.files.corpus import load_passages
 from utils.reader.squad_data import load_train_and_dev
 from utils.files.squad import is_impossible
 from utils.reader.groups import QuestionGroups

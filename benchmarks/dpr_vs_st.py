@@ -70,7 +70,8 @@ def run_st(args, result_path) -> None:
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from sentence_transformers.sentence_transformer.training_args import BatchSamplers
 
-    from utils.files.dpr import evaluation_corpus, load_dpr, load_passages, passage_key
+    from utils.files.corpus import load_passages, passage_key
+    from utils.files.dpr import evaluation_corpus, load_dpr
     from utils.search.ranking import gold_ranks, retrieval_metrics
 
     text = lambda c: f"{c['title']} {c['text']}"  # noqa: E731

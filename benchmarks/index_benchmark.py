@@ -39,7 +39,7 @@ def throughput(args) -> dict:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from utils.files.dpr import load_passages
+    from utils.files.corpus import load_passages
     from utils.retriever.retriever import Retriever
     from utils.retriever.sentence_windows import sentence_windows
     from utils.retriever.settings import PASSAGE_ENCODER
@@ -92,7 +92,7 @@ def _seconds(fn, texts) -> float:
 
 def make_corpus(source: str, size: int, path: str, seed: int = 0) -> None:
     """`size` passages of 2-6 shuffled sentences of the source corpus (titles kept from the sentence's passage)."""
-    from utils.files.dpr import load_passages
+    from utils.files.corpus import load_passages
     from utils.retriever.sentences import split_sentences
 
     sentences = [(p["title"], s) for p in load_passages(source) for s in split_sentences(p["text"])]
@@ -143,7 +143,7 @@ def bm25_run(corpus: str) -> dict:
     (seconds, peak RSS MB)."""
     peak_file = corpus + ".bm25.peak"
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from utils.search.bm25 import BM25; "
-            f"from utils.files.dpr import load_passages; BM25(load_passages({corpus!r}))")
+            f"from utils.files.corpus import load_passages; BM25(load_passages({corpus!r}))")
     t0 = time.perf_counter()
     subprocess.run(["/usr/bin/time", "-o", peak_file, "-f", "%M", sys.executable, "-c", code], check=True)
     return {"seconds": round(time.perf_counter() - t0, 1), "peak_rss_mb": _peak_mb(peak_file)}

@@ -176,7 +176,7 @@ def project_retrieval(out):
     corpus (top 5 passages), the texts it embeds (passages, or their sentence windows) and their embeddings,
     and the question embeddings: what the haystack3 step compares Haystack's pipeline with."""
     from utils.retriever import Retriever
-    from utils.files.dpr import load_passages
+    from utils.files.corpus import load_passages
     from utils.retriever.sentence_windows import sentence_windows
 
     passages_path = os.path.join(SAMPLE, "dpr_passages.jsonl")
@@ -205,7 +205,7 @@ def project_answers(out, retrieval):
     from dataclasses import replace
 
     from utils.reader import Reader
-    from utils.files.dpr import load_passages
+    from utils.files.corpus import load_passages
 
     texts = {p["passage_id"]: p["text"] for p in load_passages(os.path.join(SAMPLE, "dpr_passages.jsonl"))}
     reader = Reader(os.path.join(out, "reader"), device="cpu")

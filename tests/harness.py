@@ -77,7 +77,7 @@ def record_training_batches(directory):
 
 def record_refreshed_negatives(directory):
     """Wrap DPRTask.refresh_negatives to log, per process, every question's negatives (text keys) after it."""
-    from utils.files.dpr import text_key
+    from utils.files.corpus import text_key
     from utils.retriever.dpr_task import DPRTask
 
     refresh = DPRTask.refresh_negatives

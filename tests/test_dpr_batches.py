@@ -76,7 +76,7 @@ def test_sentence_windows_keep_the_title_and_their_passage():
 
 
 def test_training_windows_train_on_the_answer_sentence_against_sentences():
-    from utils.files.dpr import passage_key, text_key
+    from utils.files.corpus import passage_key, text_key
     from utils.retriever.sentence_windows import training_windows
 
     gold = {"title": "Corran", "text": "The lighthouse is old. It was built in 1871! Who built it? Matilda Reyes.",

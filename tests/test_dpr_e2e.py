@@ -63,7 +63,8 @@ def test_window_sentences_rank_each_passage_by_its_best_sentence(tiny_bert_dir, 
     every sentence of every corpus passage embedded with its title, a passage scored by its best sentence."""
     from transformers import AutoTokenizer
 
-    from utils.files.dpr import evaluation_corpus, load_dpr, load_passages, passage_key, unique_passages
+    from utils.files.corpus import load_passages, passage_key, unique_passages
+    from utils.files.dpr import evaluation_corpus, load_dpr
     from utils.retriever.sentence_windows import sentence_windows, training_windows
 
     out = str(tmp_path / "run")

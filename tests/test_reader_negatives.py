@@ -10,7 +10,7 @@ from conftest import SAMPLE, assert_same_weights, assert_user_error, run_killed_
 from utils.reader.negative_passages import epoch_negatives, negative_pools
 from utils.files.squad import load_squad
 from utils.files.answers import answer_patterns, holds_answer, normalized
-from utils.files.dpr import load_passages
+from utils.files.corpus import load_passages
 
 
 def test_negative_passages_hold_no_answer_and_are_not_the_questions_own_paragraph():

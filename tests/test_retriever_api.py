@@ -15,7 +15,8 @@ from conftest import SAMPLE, assert_user_error, run_script
 from tolerance import assert_ranks_within, assert_top_k_of
 from utils.errors import UserError
 from utils.search.bm25 import BM25
-from utils.files.dpr import load_dpr, load_passages
+from utils.files.corpus import load_passages
+from utils.files.dpr import load_dpr
 from utils.search.index import Index
 from utils.retriever.retriever import Retriever
 

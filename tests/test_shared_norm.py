@@ -154,7 +154,7 @@ def test_questions_are_grouped_by_the_longest_window_they_read_in_the_epoch(toke
     from accelerate import Accelerator
 
     from utils.reader.groups import QuestionGroups
-    from utils.files.dpr import load_passages
+    from utils.files.corpus import load_passages
     from utils.files.squad import load_squad
 
     examples, _ = load_squad(f"{SAMPLE}/train.json")

@@ -57,7 +57,7 @@ def with_negative_passages(accelerator, args, tokenizer, train_examples, train_f
     import datasets
 
     from utils.reader.windows_cache import tokenize_windows
-    from utils.files.dpr import load_passages
+    from utils.files.corpus import load_passages
 
     passages = load_passages(args.passages)
     pools = negative_pools(train_examples, passages, args.negative_passages)

@@ -27,7 +27,7 @@ from utils.files.jsonfiles import json_line
 from utils.loop.process import bare_model
 from utils.loop.task import Task
 from utils.files.answers import normalized
-from utils.files.dpr import key_hash, passage_key, text_key, unique_passages
+from utils.files.corpus import key_hash, passage_key, text_key, unique_passages
 from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
 from utils.retriever.evaluation import RetrievalEvaluation
 from utils.retriever.exports import encoder_state, export_dpr, save_sentence_transformers_dir

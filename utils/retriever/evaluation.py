@@ -19,7 +19,7 @@ from accelerate.utils import gather_object
 
 from utils.loop.process import bare_model
 from utils.search.bm25 import BM25
-from utils.files.dpr import key_hash, passage_key, unique_passages
+from utils.files.corpus import key_hash, passage_key, unique_passages
 from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
 from utils.search.fusion import (CANDIDATES, convex_fusion, cross_fitted_ranks, fused_gold_ranks, gather_candidates,
                                     reciprocal_rank_fusion, tune_dense_weight)

@@ -4,7 +4,7 @@ the best-ranked ones that are neither a positive of the question nor hold one of
 import numpy as np
 
 from utils.files.answers import answer_patterns, holds_answer, normalized
-from utils.files.dpr import passage_key
+from utils.files.corpus import passage_key
 
 
 def select_negatives(ranked: np.ndarray, questions: list[dict], passages: list[dict], count: int,

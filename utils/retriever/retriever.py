@@ -91,12 +91,12 @@ class Retriever:
 
     def index(self, passages, dtype: str = "float32", bm25: bool = True, progress: bool = True):
         """An in-memory Index of `passages` (a list of {"title", "text", "passage_id"}, or a JSON-lines file of
-        them; checked as every corpus is, utils.files.dpr.load_passages, before anything is embedded).
+        them; checked as every corpus is, utils.files.corpus.load_passages, before anything is embedded).
         float16 halves the index's memory for scores within about 1e-3 of float32's (exact: float32). With `bm25`,
         a BM25 index for the hybrid is built too. For a corpus beyond memory, index_corpus.py writes the index as it
         goes, from every process."""
         from utils.search.bm25 import BM25
-        from utils.files.dpr import load_passages
+        from utils.files.corpus import load_passages
         from utils.search.index import Index
         from utils.search.exact import Vectors
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from utils.files.answers import answer_patterns, holds_answer, normalized
 from utils.search.bm25 import terms
-from utils.files.dpr import passage_key, text_key
+from utils.files.corpus import passage_key, text_key
 from utils.retriever.sentences import window_texts
 
 

@@ -16,7 +16,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 from utils.errors import UserError
 from utils.files.jsonfiles import json_lines, write_json_file
 from utils.search.bm25 import BM25
-from utils.files.dpr import byte_ranges, count_lines, stream_passages
+from utils.files.corpus import byte_ranges, count_lines, stream_passages
 from utils.search.index import check_index_target, manifest
 from utils.search.index_format import (INDEX_FILE, PassageStore, ShardWriter, content_hash, map_shard, read_manifest,
                                          shard_name)

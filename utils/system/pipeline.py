@@ -16,7 +16,7 @@ qa_system.py on labelled questions) is given, and so is the weight of the retrie
 from utils.errors import UserError
 from utils.reader.trained import Reader
 from utils.search.bm25 import BM25
-from utils.files.dpr import load_passages
+from utils.files.corpus import load_passages
 from utils.search.index import Index, check_k, question_list, ranked_passages
 from utils.retriever.retriever import Retriever
 from utils.system.answer import answer, combine
@@ -31,7 +31,7 @@ class QASystem:
                  calibration: tuple[float, float] | None = None):
         """`retriever`: a directory written by train_dpr.py (or its loaded `Retriever`), or "bm25". `reader`: a
         directory written by train_reader.py (or its loaded `Reader`). `passages`: the corpus (a JSON-lines file or a
-        list of {"title", "text", "passage_id"}, checked by utils.files.dpr.load_passages), or `index`: an Index
+        list of {"title", "text", "passage_id"}, checked by utils.files.corpus.load_passages), or `index`: an Index
         of it (or its directory). `hybrid`: fuse the dense ranking with BM25 at the retriever's recorded weight
         (default: when it has one). `precision`: the autocast of both models ("no", "bf16", "fp16"); default: each
         model's own, as trained. `progress`: progress bars while indexing and reading. `retriever_weight`: how much
