@@ -62,7 +62,7 @@ class IndexArgs:
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
     args = parse_args(IndexArgs, argv)
-    accelerator = make_accelerator(args)  # the encoder runs under its own autocast (utils.retriever.retriever)
+    accelerator = make_accelerator(args.process_group_timeout)  # the encoder runs under its own autocast (utils.retriever.retriever)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
     device = "cuda" if accelerator.device.type == "cuda" else "cpu"

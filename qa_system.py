@@ -71,7 +71,6 @@ class QAArgs(SystemArgs):
     overwrite_output_dir: bool = arg(False, "Use output_dir even if it holds an earlier run's outputs, a trained "
                                             "model or files of no run of this project: they are replaced.")
     process_group_timeout: int = process_group_timeout_arg()  # an index built from --passages: BM25 by one process
-    resume_from_checkpoint = None  # the output directory check's; nothing resumes here
 
     def validate(self) -> None:
         if not self.questions:
@@ -130,10 +129,11 @@ def clamp_k(args, passages: int) -> tuple[list[int], int, str | None]:
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
     args = parse_args(QAArgs, argv)
-    accelerator = make_accelerator(args)  # each model runs under its own autocast (utils.reader.trained, utils.search.index)
+    accelerator = make_accelerator(args.process_group_timeout)  # each model runs under its own autocast (utils.reader.trained, utils.search.index)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
-    prepare_output_dir(accelerator, args, "evaluate")  # refused if it holds anything; nothing created before the end
+    # refused if it holds anything; nothing created before the end
+    prepare_output_dir(accelerator, args.output_dir, "evaluate", overwrite=args.overwrite_output_dir)
 
     # --- data: the questions, the corpus -------------------------------------------------------------------
     questions = load_questions(args.questions, need_context=False)[: args.max_questions]

@@ -193,7 +193,8 @@ class DPRArgs(TrainArgs):
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
     args = parse_args(DPRArgs, argv)
-    accelerator = setup(args)
+    loop = args.loop_config()  # what the shared loop takes (utils.loop.config)
+    accelerator = setup(loop, training=args.do_train)
     args.check_distributed(accelerator.distributed_type)
     accelerator.print(f"encoders: pooling={args.pooling} similarity={args.similarity} temperature={args.temperature} "
                       f"{'shared' if args.shared_encoder else 'separate'} hard_negatives={args.num_hard_negatives}")
@@ -232,13 +233,13 @@ def main(argv=None):
     model = bi_encoder_of(args)
     if args.export_dpr and model.query_encoder.config.model_type != "bert":
         raise UserError(f"--export_dpr needs BERT-architecture encoders (got {model.query_encoder.config.model_type})")
-    optimizer = build_optimizer(model, args, accelerator.device)
+    optimizer = build_optimizer(model, loop.optimizer, accelerator.device)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
 
     # --- fit, validate, publish ----------------------------------------------------------------------
     evaluation = RetrievalEvaluation(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages)
     task = DPRTask(accelerator, args, q_tok, p_tok, train, data, evaluation)
-    run(accelerator, args, task, model, optimizer, train_loader)
+    run(accelerator, loop, task, model, optimizer, train_loader)
 
 
 if __name__ == "__main__":

@@ -199,7 +199,8 @@ class ReaderArgs(TrainArgs):
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
     args = parse_args(ReaderArgs, argv)
-    accelerator = setup(args)
+    loop = args.loop_config()  # what the shared loop takes (utils.loop.config)
+    accelerator = setup(loop, training=args.do_train)
 
     # --- data ----------------------------------------------------------------------------------------
     try:
@@ -252,13 +253,13 @@ def main(argv=None):
 
     # --- model ---------------------------------------------------------------------------------------
     model = load_qa_model(args.model_name_or_path, trained=False)
-    optimizer = build_optimizer(model, args, accelerator.device)
+    optimizer = build_optimizer(model, loop.optimizer, accelerator.device)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
 
     # --- fit, validate, publish ----------------------------------------------------------------------
     task = (GroupedReaderTask(accelerator, args, tokenizer, dev, with_no_answer, groups, batch_sampler) if groups
             else ReaderTask(accelerator, args, tokenizer, dev, with_no_answer))
-    run(accelerator, args, task, model, optimizer, train_loader)
+    run(accelerator, loop, task, model, optimizer, train_loader)
 
 
 if __name__ == "__main__":

@@ -66,10 +66,16 @@ def accelerator_and_args(out, **kw):
                                                   resume_from_checkpoint=None, **kw)
 
 
+def prepare(accelerator, args, mode):
+    """prepare_output_dir as a script calls it, from its --output_dir, --overwrite_output_dir and --resume_from_checkpoint."""
+    prepare_output_dir(accelerator, args.output_dir, mode, overwrite=args.overwrite_output_dir,
+                       resume=args.resume_from_checkpoint)
+
+
 def test_a_failed_publish_leaves_the_old_model_and_a_killed_one_gives_the_checkpoints_back(tmp_path):
     out = tmp_path / "out"
     accelerator, args = accelerator_and_args(out)
-    prepare_output_dir(accelerator, args, "train")
+    prepare(accelerator, args, "train")
     (out / "checkpoints" / "step_5").mkdir(parents=True)
     with publish_dir(accelerator, str(out)) as staging:
         open(os.path.join(staging, "config.json"), "w").write("old")
@@ -85,7 +91,7 @@ def test_a_failed_publish_leaves_the_old_model_and_a_killed_one_gives_the_checkp
     (out / "checkpoints").rename(staging / "checkpoints")
     (staging / "config.json").write_text("older")
     args.resume_from_checkpoint = "latest"
-    prepare_output_dir(accelerator, args, "train")
+    prepare(accelerator, args, "train")
     assert (out / "checkpoints" / "step_5").is_dir() and not staging.exists()
     assert (out / "config.json").read_text() == "old"
 
@@ -165,7 +171,7 @@ def test_an_evaluation_creates_nothing_until_it_publishes_and_a_finished_one_is_
 
     out = tmp_path / "eval"
     accelerator, args = accelerator_and_args(out)
-    prepare_output_dir(accelerator, args, "evaluate")
+    prepare(accelerator, args, "evaluate")
     assert not out.exists()  # checked, not created: an interrupted evaluation leaves nothing
     with pytest.raises(KeyboardInterrupt):
         with publish_dir(accelerator, str(out), state="evaluated") as staging:
@@ -177,9 +183,9 @@ def test_an_evaluation_creates_nothing_until_it_publishes_and_a_finished_one_is_
     assert read_marker(out) == {"script": read_marker(out)["script"], "state": "evaluated"}
     for mode in ("evaluate", "train"):
         with pytest.raises(UserError, match="holds the outputs of an earlier run"):
-            prepare_output_dir(accelerator, args, mode)
+            prepare(accelerator, args, mode)
     args.overwrite_output_dir = True
-    prepare_output_dir(accelerator, args, "evaluate")
+    prepare(accelerator, args, "evaluate")
     with publish_dir(accelerator, str(out), state="evaluated") as staging:
         open(os.path.join(staging, "predictions.json"), "w").write("{}")
     assert sorted(os.listdir(out)) == [MARKER, "predictions.json"]  # nothing of the earlier run stays
@@ -188,11 +194,11 @@ def test_an_evaluation_creates_nothing_until_it_publishes_and_a_finished_one_is_
     write_marker(str(model), "train_reader.py", "published")
     accelerator, args = accelerator_and_args(model)
     with pytest.raises(UserError, match="holds a trained model"):
-        prepare_output_dir(accelerator, args, "evaluate")
+        prepare(accelerator, args, "evaluate")
     (tmp_path / "file").write_text("x")
     accelerator, args = accelerator_and_args(tmp_path / "file" / "sub")
     with pytest.raises(UserError, match="cannot create the output directory"):
-        prepare_output_dir(accelerator, args, "evaluate")
+        prepare(accelerator, args, "evaluate")
 
 
 @pytest.mark.parametrize("script", ["train_reader.py", "train_dpr.py", "index_corpus.py", "qa_system.py"])
@@ -214,5 +220,5 @@ def test_every_script_waits_in_a_collective_as_long_as_process_group_timeout_say
     assert cls.__dataclass_fields__["process_group_timeout"].default > 10  # beyond NCCL's default
     builds = inspect.getsource(process.setup) if script.startswith("train_") else inspect.getsource(module.main)
     assert "make_accelerator(" in builds and "Accelerator(" not in builds.replace("make_accelerator(", "")
-    handler = process.make_accelerator(SimpleNamespace(process_group_timeout=90), cpu=True).init_handler
+    handler = process.make_accelerator(90, cpu=True).init_handler
     assert isinstance(handler, InitProcessGroupKwargs) and handler.timeout == timedelta(minutes=90)

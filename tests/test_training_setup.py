@@ -3,7 +3,6 @@
 import subprocess
 import sys
 import textwrap
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ from conftest import ROOT
 from transformers import AutoModelForQuestionAnswering
 
 from utils.loop.checkpoints import load_weights
+from utils.loop.config import OptimizerConfig
 from utils.loop.optim import build_optimizer
 from utils.retriever.bi_encoder import BiEncoder
 
@@ -18,7 +18,7 @@ CPU = torch.device("cpu")
 
 
 def optimizer_args(freeze: bool):
-    return SimpleNamespace(freeze_word_embeddings=freeze, weight_decay=0.01, learning_rate=1e-2)
+    return OptimizerConfig(freeze_word_embeddings=freeze, weight_decay=0.01, learning_rate=1e-2)
 
 
 def train_one_step(model, optimizer, loss_fn):
@@ -127,13 +127,12 @@ def test_best_model_keeping_under_sharded_parameters_is_refused_at_start_up():
     from utils.errors import UserError
     from utils.loop.process import check_layout
 
-    args = SimpleNamespace(eval_steps=100)
-    check_layout(args, DistributedType.MULTI_GPU, None)
-    check_layout(args, DistributedType.DEEPSPEED, 2)
-    check_layout(SimpleNamespace(eval_steps=None), DistributedType.FSDP, None)
+    check_layout(100, DistributedType.MULTI_GPU, None)
+    check_layout(100, DistributedType.DEEPSPEED, 2)
+    check_layout(None, DistributedType.FSDP, None)
     for layout, stage in ((DistributedType.FSDP, None), (DistributedType.DEEPSPEED, 3)):
         with pytest.raises(UserError, match="cannot be restored into FSDP/ZeRO-3"):
-            check_layout(args, layout, stage)
+            check_layout(100, layout, stage)
 
 
 def test_a_compiled_model_is_saved_under_its_own_weight_names():

@@ -19,6 +19,7 @@ from typing import Literal, Optional
 from transformers import AutoConfig, HfArgumentParser
 
 from utils.errors import UserError
+from utils.loop.config import LoopConfig, OptimizerConfig
 
 # RoBERTa-style models number positions from pad_token_id + 1: max_position_embeddings - pad_token_id - 1 usable.
 _POSITIONS_AFTER_PADDING = {"roberta", "xlm-roberta", "camembert", "xlm-roberta-xl", "roberta-prelayernorm",
@@ -139,30 +140,31 @@ class TrainArgs:
     process_group_timeout: int = process_group_timeout_arg()
 
     def validate(self) -> None:
-        """Every cross-field check lives here; subclasses extend it."""
-        check_at_least_one(self, "per_device_train_batch_size", "per_device_eval_batch_size",
-                           "gradient_accumulation_steps", "logging_steps", "max_train_steps", "max_train_samples",
-                           "max_eval_samples", "eval_steps", "checkpointing_steps", "checkpoints_total_limit",
-                           "early_stopping_patience", "process_group_timeout")
-        if self.learning_rate <= 0:
-            raise UserError(f"--learning_rate must be positive (got {self.learning_rate})")
-        if not 0 <= self.warmup_ratio < 1:
-            raise UserError(f"--warmup_ratio must be in [0, 1) (got {self.warmup_ratio})")
-        if not self.num_train_epochs > 0:  # also with --max_train_steps: a negative count is a typo, not "ignore"
-            raise UserError(f"--num_train_epochs must be positive (got {self.num_train_epochs})")
-        if self.max_grad_norm < 0:
-            raise UserError(f"--max_grad_norm must be >= 0 (got {self.max_grad_norm})")
+        """The checks of the flags that build no config; the loop's own checks run as its config is built
+        (utils.loop.config). Subclasses extend it and call it last, once their defaults are filled in."""
+        check_at_least_one(self, "per_device_eval_batch_size", "max_train_samples", "max_eval_samples")
         if self.use_amp and self.mixed_precision not in (None, "fp16"):
             raise UserError(f"--use_amp means fp16 but --mixed_precision {self.mixed_precision} was also given")
-        if self.early_stopping_patience is not None and self.eval_steps is None:
-            raise UserError("--early_stopping_patience needs --eval_steps (early stopping compares evaluations)")
-        if self.resume_from_checkpoint is not None and self.overwrite_output_dir:
-            raise UserError("--resume_from_checkpoint and --overwrite_output_dir contradict each other")
-        want = self.resume_from_checkpoint
-        if want not in (None, "latest") and not os.path.isfile(os.path.join(want, "loop_state.json")):
-            raise UserError(f"--resume_from_checkpoint {want}: " + (
-                "not a checkpoint directory written by this project (no loop_state.json)" if os.path.isdir(want)
-                else "no such directory"))
+        self.loop_config()
+
+    def optimizer_config(self) -> OptimizerConfig:
+        return OptimizerConfig(learning_rate=self.learning_rate, weight_decay=self.weight_decay,
+                               warmup_ratio=self.warmup_ratio, lr_scheduler_type=self.lr_scheduler_type,
+                               freeze_word_embeddings=self.freeze_word_embeddings)
+
+    def loop_config(self) -> LoopConfig:
+        """What the shared loop takes (utils.loop.config), from these flags."""
+        return LoopConfig(
+            output_dir=self.output_dir, metric_for_best_model=self.metric_for_best_model,
+            optimizer=self.optimizer_config(), num_train_epochs=self.num_train_epochs,
+            max_train_steps=self.max_train_steps, per_device_train_batch_size=self.per_device_train_batch_size,
+            gradient_accumulation_steps=self.gradient_accumulation_steps, max_grad_norm=self.max_grad_norm,
+            requested_precision=self.requested_precision, torch_compile=self.torch_compile, seed=self.seed,
+            process_group_timeout=self.process_group_timeout, eval_before_training=self.eval_before_training,
+            eval_steps=self.eval_steps, early_stopping_patience=self.early_stopping_patience,
+            logging_steps=self.logging_steps, checkpointing_steps=self.checkpointing_steps,
+            checkpoints_total_limit=self.checkpoints_total_limit, resume_from_checkpoint=self.resume_from_checkpoint,
+            overwrite_output_dir=self.overwrite_output_dir, report_to=self.report_to, hparams=as_config(self))
 
     @property
     def requested_precision(self) -> Optional[str]:

@@ -19,8 +19,8 @@ logger = logging.getLogger("qa-amp")
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
-def checkpoint_dir(args) -> str:
-    return os.path.join(args.output_dir, "checkpoints")
+def checkpoint_dir(output_dir: str) -> str:
+    return os.path.join(output_dir, "checkpoints")
 
 
 def list_checkpoints(ckpt_dir: str) -> list[str]:
@@ -31,21 +31,21 @@ def list_checkpoints(ckpt_dir: str) -> list[str]:
     return [os.path.join(ckpt_dir, name) for _, name in steps]
 
 
-def resolve_resume(args) -> str | None:
-    """Path of the checkpoint to resume from, None to start fresh (an explicit path was checked by TrainArgs)."""
-    want = args.resume_from_checkpoint
+def resolve_resume(output_dir: str, want: str | None) -> str | None:
+    """Path of the checkpoint to resume from (`want`: a checkpoint, "latest" or None), None to start fresh (an
+    explicit path was checked by LoopConfig)."""
     if want == "latest":
-        found = list_checkpoints(checkpoint_dir(args))
+        found = list_checkpoints(checkpoint_dir(output_dir))
         return found[-1] if found else None
     return want
 
 
-def save_checkpoint(accelerator, args, step: int, loop_state: dict, best_dir: str) -> str:
-    """accelerator.save_state into a temporary directory, then rename; keep --checkpoints_total_limit.
+def save_checkpoint(accelerator, output_dir: str, step: int, loop_state: dict, best_dir: str, keep: int | None) -> str:
+    """accelerator.save_state into a temporary directory, then rename; keep the newest `keep` (None: all).
 
     The best model so far goes into the checkpoint too (hard links, no copy): the loop state names its update,
     so resuming from any checkpoint, into any directory, must bring back exactly that model."""
-    ckpt_dir = checkpoint_dir(args)
+    ckpt_dir = checkpoint_dir(output_dir)
     final = os.path.join(ckpt_dir, f"step_{step}")
     tmp = os.path.join(ckpt_dir, f".tmp-step_{step}")
     if accelerator.is_main_process:
@@ -60,20 +60,20 @@ def save_checkpoint(accelerator, args, step: int, loop_state: dict, best_dir: st
         if loop_state["best_step"] is not None and os.path.isdir(best_dir):
             shutil.copytree(best_dir, os.path.join(tmp, "best_model"), copy_function=_link_or_copy)
         replace_dir(tmp, final)
-        if args.checkpoints_total_limit:
-            for old in list_checkpoints(ckpt_dir)[: -args.checkpoints_total_limit]:
+        if keep:
+            for old in list_checkpoints(ckpt_dir)[: -keep]:
                 shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final
 
 
-def supersede_later_checkpoints(accelerator, args, step: int) -> list[str]:
+def supersede_later_checkpoints(accelerator, output_dir: str, step: int) -> list[str]:
     """A run resumed from update `step` abandons the checkpoints of this output directory beyond it: move them to
     checkpoints/superseded/, so that `--resume_from_checkpoint latest` continues this run and pruning by step
     order never deletes the checkpoint this run writes next (nothing is deleted). Returns their names."""
-    later = [path for path in list_checkpoints(checkpoint_dir(args)) if int(path.rsplit("_", 1)[1]) > step]
+    later = [path for path in list_checkpoints(checkpoint_dir(output_dir)) if int(path.rsplit("_", 1)[1]) > step]
     if accelerator.is_main_process and later:
-        aside = os.path.join(checkpoint_dir(args), "superseded")
+        aside = os.path.join(checkpoint_dir(output_dir), "superseded")
         os.makedirs(aside, exist_ok=True)
         for path in later:
             dest, n = os.path.join(aside, os.path.basename(path)), 1

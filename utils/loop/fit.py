@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from utils.loop.checkpoints import (checkpoint_dir, list_checkpoints, replace_dir, resolve_resume, restore_best_model,
                                     save_checkpoint, supersede_later_checkpoints)
 from utils.errors import Interrupted, UserError
+from utils.loop.config import LoopConfig
 from utils.files.jsonfiles import json_line
 from utils.loop.optim import optimizer_step
 from utils.loop.process import bare_model, full_state_dict, tracker_config
@@ -72,14 +73,14 @@ class Plan:
         return accumulation / (self.batches_per_epoch - full) if batch_in_epoch >= full else 1.0
 
 
-def plan_steps(args, train_loader) -> Plan:
+def plan_steps(config: LoopConfig, train_loader) -> Plan:
     """Sized from the *prepared* loader: its len() is this process's share of the epoch as Accelerate shards
     it (rounded up with even batches, down with drop_last), so planned updates are the updates that run."""
     batches = len(train_loader)
     if batches == 0:
         raise UserError("no training batch per process: fewer training inputs than one batch per process")
-    per_epoch = math.ceil(batches / args.gradient_accumulation_steps)
-    total = args.max_train_steps or math.ceil(args.num_train_epochs * per_epoch)
+    per_epoch = math.ceil(batches / config.gradient_accumulation_steps)
+    total = config.max_train_steps or math.ceil(config.num_train_epochs * per_epoch)
     return Plan(batches, per_epoch, total, math.ceil(total / per_epoch))
 
 
@@ -99,42 +100,42 @@ def set_epoch(loader, epoch: int) -> None:
         loader = getattr(loader, "batch_sampler", None)
 
 
-def fit(accelerator, args, task: Task, model, optimizer, scheduler, train_loader, plan: Plan,
+def fit(accelerator, config: LoopConfig, task: Task, model, optimizer, scheduler, train_loader, plan: Plan,
         metrics_before_training: dict | None = None) -> tuple[LoopState, dict]:
     """Train `model` (already prepared) for `plan.total_updates` updates. Returns the loop state and the final
     evaluation of the model left in place (the best one, if an earlier evaluation beat the last). Ctrl-C ends it
     with one line that says where it stopped and how to resume (utils.errors.Interrupted)."""
     state = LoopState(metrics_before_training=metrics_before_training)
     accelerator.register_for_checkpointing(scheduler, state, *task.checkpoint_objects())
-    best_dir = os.path.join(args.output_dir, "best_model")
-    log_path = os.path.join(args.output_dir, "train_log.jsonl")
-    resume_path = resolve_resume(args)
+    best_dir = os.path.join(config.output_dir, "best_model")
+    log_path = os.path.join(config.output_dir, "train_log.jsonl")
+    resume_path = resolve_resume(config.output_dir, config.resume_from_checkpoint)
     if resume_path:
         accelerator.load_state(resume_path)
         restore_best_model(accelerator, resume_path, best_dir, state.best_step)  # the one its state names
         logger.info("resumed from %s at update %d (epoch %d, batch %d)", resume_path, state.step, state.epoch,
                     state.batch_in_epoch)
-        later = supersede_later_checkpoints(accelerator, args, state.step)
+        later = supersede_later_checkpoints(accelerator, config.output_dir, state.step)
         if later:
             logger.warning("resuming from update %d abandons the later checkpoints %s of this directory: moved to "
                            "%s (kept; 'latest' now continues this run)", state.step, ", ".join(later),
-                           os.path.join(checkpoint_dir(args), "superseded"))
+                           os.path.join(checkpoint_dir(config.output_dir), "superseded"))
         if accelerator.is_main_process:
             trim_log(log_path, state.step)  # the interrupted run logged updates that this run makes again
-    elif args.resume_from_checkpoint:
-        logger.info("--resume_from_checkpoint %s: no checkpoint yet, starting from scratch", args.resume_from_checkpoint)
-    if args.report_to != "none":
-        accelerator.init_trackers(task.tracker_project, config=tracker_config(args))
+    elif config.resume_from_checkpoint:
+        logger.info("--resume_from_checkpoint %s: no checkpoint yet, starting from scratch", config.resume_from_checkpoint)
+    if config.report_to != "none":
+        accelerator.init_trackers(task.tracker_project, config=tracker_config(config.hparams))
     if not resume_path and accelerator.is_main_process and os.path.exists(log_path):
         os.remove(log_path)  # a fresh run starts a fresh log; a resumed one appends
     progress = tqdm(total=plan.total_updates, initial=state.step, desc="train", dynamic_ncols=True,
                     disable=not accelerator.is_local_main_process)
     try:
-        return _fit(accelerator, args, task, model, optimizer, scheduler, train_loader, plan, state, best_dir,
+        return _fit(accelerator, config, task, model, optimizer, scheduler, train_loader, plan, state, best_dir,
                     log_path, progress)
     except KeyboardInterrupt:
         progress.close()
-        saved = list_checkpoints(checkpoint_dir(args))
+        saved = list_checkpoints(checkpoint_dir(config.output_dir))
         if saved:
             where = f"the last checkpoint is {os.path.basename(saved[-1])}; resume with --resume_from_checkpoint latest"
         elif resume_path:
@@ -155,10 +156,10 @@ def trim_log(path: str, step: int) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _fit(accelerator, args, task, model, optimizer, scheduler, train_loader, plan, state, best_dir, log_path,
+def _fit(accelerator, config: LoopConfig, task, model, optimizer, scheduler, train_loader, plan, state, best_dir, log_path,
          progress):
     scaler = accelerator.scaler  # set only for fp16 (Accelerate's native AMP)
-    total_steps, accumulation = plan.total_updates, args.gradient_accumulation_steps
+    total_steps, accumulation = plan.total_updates, config.gradient_accumulation_steps
     interval = LogInterval()
     model.train()
     tick = time.perf_counter()
@@ -185,9 +186,9 @@ def _fit(accelerator, args, task, model, optimizer, scheduler, train_loader, pla
                 state.tokens_seen += tokens
                 if not accelerator.sync_gradients:
                     continue
-                if args.max_grad_norm:
+                if config.max_grad_norm:
                     # Unscales fp16 gradients first; the norm is of the true (unscaled) gradient, inf on overflow.
-                    norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                    norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
                     interval.grad_norm = norm if norm is not None else interval.grad_norm
                 skipped = optimizer_step(optimizer, scaler)
                 optimizer.zero_grad(set_to_none=True)
@@ -202,16 +203,17 @@ def _fit(accelerator, args, task, model, optimizer, scheduler, train_loader, pla
             progress.update(1)
             state.train_seconds += time.perf_counter() - tick
 
-            if state.step % args.logging_steps == 0 or state.step == total_steps:
+            if state.step % config.logging_steps == 0 or state.step == total_steps:
                 interval = log_interval(accelerator, state, scheduler, interval, scaler, progress, log_path)
             housekeeping = time.perf_counter()
             if state.step < total_steps:
                 task.after_update(model, state.step)
-                if args.eval_steps and state.step % args.eval_steps == 0:
-                    _evaluate_and_track(accelerator, args, task, model, state, best_dir)
+                if config.eval_steps and state.step % config.eval_steps == 0:
+                    _evaluate_and_track(accelerator, config, task, model, state, best_dir)
                 model.train()  # the hook and evaluation may have switched to eval mode
-            if args.checkpointing_steps and state.step % args.checkpointing_steps == 0:
-                save_checkpoint(accelerator, args, state.step, state.state_dict(), best_dir)
+            if config.checkpointing_steps and state.step % config.checkpointing_steps == 0:
+                save_checkpoint(accelerator, config.output_dir, state.step, state.state_dict(), best_dir,
+                                config.checkpoints_total_limit)
             tick = time.perf_counter()
             interval.t0 += tick - housekeeping  # evaluation and checkpoints are not training time
             if state.step >= total_steps or state.stopped_early:
@@ -221,10 +223,10 @@ def _fit(accelerator, args, task, model, optimizer, scheduler, train_loader, pla
             state.batch_in_epoch = 0
     progress.close()
 
-    final = _evaluate_and_track(accelerator, args, task, model, state, best_dir, final=True)
+    final = _evaluate_and_track(accelerator, config, task, model, state, best_dir, final=True)
     if state.best_step is not None and state.best_step != state.step:
         logger.info("restoring the best model (update %d, %s=%.4f) over the last one", state.best_step,
-                    args.metric_for_best_model, state.best_metric)
+                    config.metric_for_best_model, state.best_metric)
         task.load(bare_model(accelerator, model), best_dir)
         final = evaluate_without_grad(task, model)
     return state, final
@@ -273,16 +275,16 @@ def log_interval(accelerator, state, scheduler, interval: LogInterval, scaler, p
     return LogInterval()
 
 
-def _evaluate_and_track(accelerator, args, task, model, state, best_dir, final=False) -> dict:
+def _evaluate_and_track(accelerator, config: LoopConfig, task, model, state, best_dir, final=False) -> dict:
     result = evaluate_without_grad(task, model)
     metrics = result["metrics"]
     accelerator.log({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=state.step)
     accelerator.print(f"eval @ update {state.step}: " + " ".join(
         f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()))
-    value = metrics[args.metric_for_best_model]  # checked at start-up (Task.check_metric_for_best_model)
-    if improves(value, state.best_metric, task.metric_directions[args.metric_for_best_model]):
+    value = metrics[config.metric_for_best_model]  # checked at start-up (Task.check_metric_for_best_model)
+    if improves(value, state.best_metric, task.metric_directions[config.metric_for_best_model]):
         state.best_metric, state.best_step, state.evals_without_improvement = value, state.step, 0
-        if not final and args.eval_steps:  # only intermediate bests need a copy on disk
+        if not final and config.eval_steps:  # only intermediate bests need a copy on disk
             state_dict = full_state_dict(accelerator, model)  # a collective under FSDP/DeepSpeed: every process
             if accelerator.is_main_process:
                 task.save(bare_model(accelerator, model), best_dir + ".tmp", state_dict)
@@ -290,8 +292,8 @@ def _evaluate_and_track(accelerator, args, task, model, state, best_dir, final=F
             accelerator.wait_for_everyone()
     elif not final:
         state.evals_without_improvement += 1
-        if args.early_stopping_patience and state.evals_without_improvement >= args.early_stopping_patience:
+        if config.early_stopping_patience and state.evals_without_improvement >= config.early_stopping_patience:
             logger.info("early stopping: %d evaluations without improvement of %s", state.evals_without_improvement,
-                        args.metric_for_best_model)
+                        config.metric_for_best_model)
             state.stopped_early = True
     return result

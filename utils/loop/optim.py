@@ -4,6 +4,8 @@ updates, and how to tell an update the fp16 loss scaler skipped."""
 import torch
 from transformers import PreTrainedModel, get_scheduler
 
+from utils.loop.config import OptimizerConfig
+
 
 def fused_adamw_supported(device: torch.device) -> bool:
     try:
@@ -13,11 +15,11 @@ def fused_adamw_supported(device: torch.device) -> bool:
         return device.type == "cuda"
 
 
-def build_optimizer(model, args, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(model, config: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW without decay on biases/LayerNorm, fused (one kernel for all parameters) on the device the run
     trains on (`accelerator.device`; the model is still on the CPU here, prepare moves it), else foreach.
-    With --freeze_word_embeddings the embedding matrices leave the optimizer (and get no gradient)."""
-    if args.freeze_word_embeddings:  # every encoder inside (DPR has two), before the parameter groups are built
+    With `freeze_word_embeddings` the embedding matrices leave the optimizer (and get no gradient)."""
+    if config.freeze_word_embeddings:  # every encoder inside (DPR has two), before the parameter groups are built
         for module in model.modules():
             if isinstance(module, PreTrainedModel):
                 module.get_input_embeddings().weight.requires_grad_(False)
@@ -25,9 +27,9 @@ def build_optimizer(model, args, device: torch.device) -> torch.optim.Optimizer:
     for name, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
-    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     fused = fused_adamw_supported(device)
-    return torch.optim.AdamW(groups, lr=args.learning_rate, fused=True if fused else None,
+    return torch.optim.AdamW(groups, lr=config.learning_rate, fused=True if fused else None,
                              foreach=None if fused else True)
 
 
@@ -40,10 +42,10 @@ def optimizer_name(optimizer) -> str:
     return f"{type(inner).__name__.lower()}_{impl}"
 
 
-def build_scheduler(optimizer, args, total_steps: int):
+def build_scheduler(optimizer, config: OptimizerConfig, total_steps: int):
     """Sized in optimizer updates. Not passed to accelerator.prepare (which would step it once per process
     per update); the loop steps it itself after every update the loss scaler did not skip."""
-    return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=int(args.warmup_ratio * total_steps),
+    return get_scheduler(config.lr_scheduler_type, optimizer, num_warmup_steps=int(config.warmup_ratio * total_steps),
                          num_training_steps=total_steps)
 
 

@@ -62,12 +62,12 @@ def _holds_checkpoints(directory: str) -> bool:
         os.path.isfile(os.path.join(ckpt_dir, n, "loop_state.json")) for n in os.listdir(ckpt_dir))
 
 
-def _refusal(args, mode: str) -> str | None:
-    """Why `args.output_dir` must not be used as it is (None: it may). `mode`: "train" or "evaluate"."""
-    out = args.output_dir
+def _refusal(out: str, mode: str, overwrite: bool, resume: str | None) -> str | None:
+    """Why output directory `out` must not be used as it is (None: it may). `mode`: "train" or "evaluate";
+    `overwrite`: --overwrite_output_dir; `resume`: --resume_from_checkpoint."""
     if os.path.lexists(out) and not os.path.isdir(out):
         return f"{out}: is a file, not a directory: give a new or empty --output_dir"
-    if not os.path.isdir(out) or not os.listdir(out) or args.overwrite_output_dir:
+    if not os.path.isdir(out) or not os.listdir(out) or overwrite:
         return None
     marker, checkpoints = read_marker(out), _holds_checkpoints(out)
     if marker is None and not checkpoints:
@@ -75,10 +75,10 @@ def _refusal(args, mode: str) -> str | None:
                 "--output_dir, or --overwrite_output_dir to replace its contents")
     marker = marker or {}
     by = marker.get("script", "an earlier run")
-    if mode == "train" and checkpoints and args.resume_from_checkpoint is None:
+    if mode == "train" and checkpoints and resume is None:
         return (f"{out} holds checkpoints of an earlier run; pass --resume_from_checkpoint latest to continue it, "
                 "or --overwrite_output_dir to start over")
-    if marker.get("state") == "published" and (mode != "train" or args.resume_from_checkpoint is None):
+    if marker.get("state") == "published" and (mode != "train" or resume is None):
         return (f"{out} holds a trained model (published by {by}): give another --output_dir, or "
                 "--overwrite_output_dir to replace it")
     if mode == "evaluate" and checkpoints:
@@ -90,28 +90,29 @@ def _refusal(args, mode: str) -> str | None:
     return None
 
 
-def prepare_output_dir(accelerator, args, mode: str) -> None:
+def prepare_output_dir(accelerator, output_dir: str, mode: str, overwrite: bool = False,
+                       resume: str | None = None) -> None:
     """Refuse an output directory the run would destroy. `mode` "train": then create and mark it (checkpoints go
-    there); with --overwrite_output_dir the earlier run's checkpoints and best model are deleted at once,
+    there); with `overwrite` (--overwrite_output_dir) the earlier run's checkpoints and best model are deleted at once,
     everything else when the new model is published. `mode` "evaluate": nothing is created; the results are
     published with `publish_dir(..., state="evaluated")`."""
     failure = None
     if accelerator.is_main_process:
         try:
-            recover_interrupted_publish(args.output_dir)
-            failure = _refusal(args, mode)
+            recover_interrupted_publish(output_dir)
+            failure = _refusal(output_dir, mode, overwrite, resume)
             if failure is None and mode == "train":
-                os.makedirs(args.output_dir, exist_ok=True)
-                if args.overwrite_output_dir:
+                os.makedirs(output_dir, exist_ok=True)
+                if overwrite:
                     for name in (CHECKPOINTS, BEST_MODEL):
-                        shutil.rmtree(os.path.join(args.output_dir, name), ignore_errors=True)
-                marker = read_marker(args.output_dir)
+                        shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+                marker = read_marker(output_dir)
                 if marker is None or marker.get("state") != "published":
-                    write_marker(args.output_dir, script_name(), "training")
+                    write_marker(output_dir, script_name(), "training")
             elif failure is None:
-                failure = _not_creatable(args.output_dir)
+                failure = _not_creatable(output_dir)
         except OSError as err:  # under a regular file, no permission, read-only file system, ...
-            failure = f"{args.output_dir}: cannot create the output directory ({err.strerror or err})"
+            failure = f"{output_dir}: cannot create the output directory ({err.strerror or err})"
     if accelerator.num_processes > 1:  # every process stops, not only the one that tried
         failure = broadcast_object_list([failure])[0]
     if failure:

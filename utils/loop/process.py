@@ -15,8 +15,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, InitProcessGroupKwargs, set_seed
 
-from utils.loop.args import as_config
 from utils.errors import UserError
+from utils.loop.config import LoopConfig
 from utils.loop.output_dir import prepare_output_dir
 
 logger = logging.getLogger("qa-amp")
@@ -44,23 +44,26 @@ def keep_freed_memory(device: torch.device) -> None:
         logger.warning("mallopt refused the CPU memory settings; training runs slower")
 
 
-def make_accelerator(args, **kwargs) -> Accelerator:
-    """The Accelerator of every script: its process group waits `args.process_group_timeout` minutes in a collective
-    (utils.loop.args: work the main process does alone must fit in it); `kwargs` go to Accelerator."""
-    timeout = InitProcessGroupKwargs(timeout=timedelta(minutes=args.process_group_timeout))
+def make_accelerator(process_group_timeout: int, **kwargs) -> Accelerator:
+    """The Accelerator of every script: its process group waits `process_group_timeout` minutes in a collective
+    (--process_group_timeout, utils.loop.args: work the main process does alone must fit in it); `kwargs` go to
+    Accelerator."""
+    timeout = InitProcessGroupKwargs(timeout=timedelta(minutes=process_group_timeout))
     return Accelerator(kwargs_handlers=[timeout], **kwargs)
 
 
-def setup(args) -> Accelerator:
-    """Create the Accelerator, check the precision is real on this device, seed, and print the run summary."""
-    trackers = {"none": None, "all": "all"}.get(args.report_to, [args.report_to])
+def setup(config: LoopConfig, training: bool = True) -> Accelerator:
+    """Create the Accelerator, check the precision is real on this device, seed, refuse an output directory the
+    run would destroy (utils.loop.output_dir), and print the run summary. `training` False: the run evaluates a
+    trained model (train_reader.py / train_dpr.py --do_train false)."""
+    trackers = {"none": None, "all": "all"}.get(config.report_to, [config.report_to])
     accelerator = make_accelerator(
-        args,
-        mixed_precision=args.requested_precision,  # None: the launcher's / config's choice
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        config.process_group_timeout,
+        mixed_precision=config.requested_precision,  # None: the launcher's / config's choice
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
         log_with=trackers,
-        project_dir=args.output_dir,
-        dynamo_backend="inductor" if args.torch_compile else None,  # None: the launcher's / config's setting
+        project_dir=config.output_dir,
+        dynamo_backend="inductor" if config.torch_compile else None,  # None: the launcher's / config's setting
     )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
@@ -75,24 +78,25 @@ def setup(args) -> Accelerator:
             and accelerator.distributed_type != DistributedType.DEEPSPEED:  # DeepSpeed runs its own fp16
         raise UserError("fp16 mixed precision needs a GPU: on a CPU Accelerate would silently train in fp32. "
                         "Use --mixed_precision bf16 (CPUs with AVX512-BF16/AMX run it fast) or 'no'.")
-    check_layout(args, accelerator.distributed_type, getattr(accelerator.state.deepspeed_plugin, "zero_stage", None))
+    check_layout(config.eval_steps, accelerator.distributed_type, getattr(accelerator.state.deepspeed_plugin, "zero_stage", None))
     keep_freed_memory(accelerator.device)
-    set_seed(args.seed)
-    prepare_output_dir(accelerator, args, "train" if getattr(args, "do_train", True) else "evaluate")
+    set_seed(config.seed)
+    prepare_output_dir(accelerator, config.output_dir, "train" if training else "evaluate",
+                       overwrite=config.overwrite_output_dir, resume=config.resume_from_checkpoint)
     n = accelerator.num_processes
     layout = (f"run: precision={accelerator.mixed_precision} device={accelerator.device.type} "
               f"distributed={accelerator.distributed_type.value} processes={n}")
-    if getattr(args, "do_train", True):
-        bs, k = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    if training:
+        bs, k = config.per_device_train_batch_size, config.gradient_accumulation_steps
         layout += (f" batch={bs} per process x {k} accumulation step{'s' * (k > 1)} x {n} process{'es' * (n > 1)} "
                    f"= {bs * k * n} per update")
-    accelerator.print(f"{layout}, output_dir={args.output_dir}")
+    accelerator.print(f"{layout}, output_dir={config.output_dir}")
     return accelerator
 
 
-def check_layout(args, distributed_type, zero_stage) -> None:
+def check_layout(eval_steps: int | None, distributed_type, zero_stage) -> None:
     """Refuse what a hardware layout would break only at the end of a run, after the training time is spent."""
-    if args.eval_steps and (distributed_type == DistributedType.FSDP
+    if eval_steps and (distributed_type == DistributedType.FSDP
                             or (distributed_type == DistributedType.DEEPSPEED and zero_stage == 3)):
         # Parameters are sharded (FSDP's flat parameters, ZeRO-3's empty placeholders): the best model's full
         # weights cannot be loaded back into the unwrapped model, so the run would fail before publishing.
@@ -154,6 +158,6 @@ def finish(accelerator) -> None:
         os._exit(0)
 
 
-def tracker_config(args) -> dict:
+def tracker_config(hparams: dict) -> dict:
     """Trackers (TensorBoard hparams) take only scalars and strings."""
-    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in as_config(args).items()}
+    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in hparams.items()}

@@ -5,6 +5,7 @@ eval_results.json together (utils.loop.output_dir)."""
 import os
 
 from utils.loop.checkpoints import resolve_resume
+from utils.loop.config import LoopConfig
 from utils.loop.fit import LoopState, Plan, evaluate_without_grad, fit, plan_steps
 from utils.files.jsonfiles import write_json
 from utils.loop.optim import build_scheduler, optimizer_name
@@ -13,33 +14,33 @@ from utils.loop.process import bare_model, finish, full_state_dict, machine_kind
 from utils.loop.task import Task
 
 
-def evaluate_before_training(accelerator, args, task: Task, model) -> dict | None:
+def evaluate_before_training(accelerator, config: LoopConfig, task: Task, model) -> dict | None:
     """The starting model's metrics, so the gain from training is visible (not when resuming a checkpoint;
     `--resume_from_checkpoint latest` with no checkpoint yet is a fresh start and gets them)."""
-    if not args.eval_before_training or resolve_resume(args):
+    if not config.eval_before_training or resolve_resume(config.output_dir, config.resume_from_checkpoint):
         return None
     metrics = evaluate_without_grad(task, model)["metrics"]
     accelerator.print("before training: " + task.headline(metrics))
     return metrics
 
 
-def run(accelerator, args, task: Task, model, optimizer, train_loader) -> None:
+def run(accelerator, config: LoopConfig, task: Task, model, optimizer, train_loader) -> None:
     """Everything after `accelerator.prepare(model, optimizer, train_loader)`: plan the updates, evaluate the
     starting model, fit, then publish the model, the task's outputs and eval_results.json together."""
-    task.check_metric_for_best_model(args.metric_for_best_model)
-    plan = plan_steps(args, train_loader)  # from the prepared loader: this process's real share
-    scheduler = build_scheduler(optimizer, args, plan.total_updates)
-    before = evaluate_before_training(accelerator, args, task, model)
-    state, final = fit(accelerator, args, task, model, optimizer, scheduler, train_loader, plan, before)
+    task.check_metric_for_best_model(config.metric_for_best_model)
+    plan = plan_steps(config, train_loader)  # from the prepared loader: this process's real share
+    scheduler = build_scheduler(optimizer, config.optimizer, plan.total_updates)
+    before = evaluate_before_training(accelerator, config, task, model)
+    state, final = fit(accelerator, config, task, model, optimizer, scheduler, train_loader, plan, before)
     accelerator.print("after training:  " + task.headline(final["metrics"]))
     summary = {**run_summary(accelerator, optimizer, plan, state, final, task.samples_name), **task.summary(final)}
     state_dict = full_state_dict(accelerator, model)  # every process: gathers FSDP/DeepSpeed shards
-    with publish_dir(accelerator, args.output_dir) as tmp:
+    with publish_dir(accelerator, config.output_dir) as tmp:
         if accelerator.is_main_process:
             task.save(bare_model(accelerator, model), tmp, state_dict)
             task.write_outputs(tmp, final)
             write_json(accelerator, os.path.join(tmp, "eval_results.json"), summary)
-    accelerator.print(f"saved the model, its outputs and eval_results.json to {args.output_dir} "
+    accelerator.print(f"saved the model, its outputs and eval_results.json to {config.output_dir} "
                       f"({summary[f'train_{task.samples_name}_per_second']} train {task.samples_name}/s, "
                       f"{state.skipped_steps} skipped updates)")
     finish(accelerator)
