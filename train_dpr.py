@@ -4,7 +4,7 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 
   python train_dpr.py
       Offline demo: both encoders start from the packaged MiniLM, trained on the shipped DPR sample
-      (data/sample/dpr_*.json, made from the reader sample by `python -m utils.retriever.make_dpr_data`), CPU
+      (data/sample/dpr_*.json, made from the reader sample by `python make_dpr_data.py`), CPU
       (its time and scores: docs/RESULTS.md). Prints top-k accuracy and MRR@10 before and after training.
 
   accelerate launch train_dpr.py --train_file train.json --validation_file dev.json --passages corpus.jsonl \

@@ -1,5 +1,5 @@
-"""Print docs/FLAGS.md, the flag tables of every script, from the scripts' argument dataclasses: the manual says
-what --help says.
+"""Print docs/FLAGS.md, the flag tables of every script, from the scripts' argument dataclasses (make_dpr_data.py's
+argparse parser): the manual says what --help says.
 
     python scripts/flag_tables.py > docs/FLAGS.md      # after changing a flag (tests/test_configs_and_docs.py checks)
 """
@@ -12,6 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from index_corpus import IndexArgs  # noqa: E402
+from make_dpr_data import arguments as make_dpr_data_arguments  # noqa: E402
 from qa_system import QAArgs  # noqa: E402
 from serve import ServeArgs  # noqa: E402
 from train_dpr import DPRArgs  # noqa: E402
@@ -20,7 +21,8 @@ from utils.loop.args import TrainArgs, packaged_minilm  # noqa: E402
 
 INTROS = {"shared": "Shared flags (both scripts):", "reader": "Reader flags:",
           "dpr": "DPR flags (plus the shared flags above):", "qa": "QA system flags (`qa_system.py`, its own):",
-          "serve": "Server flags (`serve.py`, its own):", "index": "Index flags (`index_corpus.py`, its own):"}
+          "serve": "Server flags (`serve.py`, its own):", "index": "Index flags (`index_corpus.py`, its own):",
+          "make_dpr_data": "SQuAD -> DPR converter flags (`make_dpr_data.py`, its own):"}
 
 
 def default(f) -> str:
@@ -40,19 +42,34 @@ def table(fields) -> str:
     return "\n".join(rows)
 
 
+def argparse_table(parser) -> str:
+    """The arguments of a plain argparse command line (make_dpr_data.py's), positional ones first, as in --help."""
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    for a in parser._actions:
+        if a.dest == "help":
+            continue
+        name = f"`{a.option_strings[0]}`" if a.option_strings else f"`{a.dest}` (positional)"
+        default = "required" if a.required or not a.option_strings else "—" if a.default is None else a.default
+        rows.append(f"| {name} | {default} | {a.help[0].upper() + a.help[1:]}. |")
+    return "\n".join(rows)
+
+
 def tables() -> dict[str, str]:
     """{intro line: its table}, the fields in declaration order."""
     shared = [f.name for f in dataclasses.fields(TrainArgs)]
     own = lambda cls: [f for f in dataclasses.fields(cls) if f.name not in shared]  # noqa: E731
     return {INTROS["shared"]: table(dataclasses.fields(TrainArgs)), INTROS["reader"]: table(own(ReaderArgs)),
             INTROS["dpr"]: table(own(DPRArgs)), INTROS["qa"]: table(dataclasses.fields(QAArgs)),
-            INTROS["serve"]: table(dataclasses.fields(ServeArgs)), INTROS["index"]: table(dataclasses.fields(IndexArgs))}
+            INTROS["serve"]: table(dataclasses.fields(ServeArgs)),
+            INTROS["index"]: table(dataclasses.fields(IndexArgs)),
+            INTROS["make_dpr_data"]: argparse_table(make_dpr_data_arguments())}
 
 
 HEADING = """# Flags
 
-Every flag of every script, generated from the scripts' argument dataclasses by `python scripts/flag_tables.py >
-docs/FLAGS.md` (do not edit by hand): what `--help` says. Back to the [README](../README.md)."""
+Every flag of every script, generated from the scripts' argument dataclasses (make_dpr_data.py's parser) by
+`python scripts/flag_tables.py > docs/FLAGS.md` (do not edit by hand): what `--help` says. Back to the
+[README](../README.md)."""
 
 
 def page() -> str:

@@ -6,10 +6,10 @@ import json
 
 import numpy as np
 
+from make_dpr_data import build
 from utils.files.squad import load_squad
 from utils.files.answers import answer_patterns, answer_spans, holds_answer, normalized
 from utils.reader.passages import passage_pools
-from utils.retriever.make_dpr_data import build
 from utils.retriever.mined_negatives import select_negatives
 from utils.retriever.sentence_windows import training_windows
 

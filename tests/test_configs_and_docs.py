@@ -54,6 +54,7 @@ def flag_tables(text: str) -> dict[str, list[str]]:
 
 def test_every_flag_is_in_the_table_of_the_script_that_has_it():
     from index_corpus import IndexArgs
+    from make_dpr_data import arguments
     from qa_system import QAArgs
     from serve import ServeArgs
     from train_dpr import DPRArgs
@@ -67,7 +68,9 @@ def test_every_flag_is_in_the_table_of_the_script_that_has_it():
             "DPR flags (plus the shared flags above):": {f.name for f in dataclasses.fields(DPRArgs)} - shared,
             "QA system flags (`qa_system.py`, its own):": {f.name for f in dataclasses.fields(QAArgs)},
             "Server flags (`serve.py`, its own):": {f.name for f in dataclasses.fields(ServeArgs)},
-            "Index flags (`index_corpus.py`, its own):": {f.name for f in dataclasses.fields(IndexArgs)}}
+            "Index flags (`index_corpus.py`, its own):": {f.name for f in dataclasses.fields(IndexArgs)},
+            "SQuAD -> DPR converter flags (`make_dpr_data.py`, its own):": {
+                a.dest for a in arguments()._actions if a.option_strings and a.dest != "help"}}
     assert {intro: sorted(tables.get(intro, [])) for intro in want} == {k: sorted(v) for k, v in want.items()}
 
 

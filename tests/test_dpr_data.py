@@ -5,13 +5,13 @@ import json
 import pytest
 from conftest import SAMPLE
 
+from make_dpr_data import build
+from make_dpr_data import main as convert
 from utils.errors import UserError
 from utils.files.squad import load_squad
 from utils.files.answers import answer_patterns, holds_answer, normalized
 from utils.files.corpus import byte_ranges, load_passages, passage_key, stream_passages
 from utils.files.dpr import evaluation_corpus, load_dpr, training_passages
-from utils.retriever.make_dpr_data import build
-from utils.retriever.make_dpr_data import main as convert
 
 
 def ctx(pid, text=None):

@@ -21,7 +21,7 @@ def load_dpr(path: str) -> list[dict]:
         raise UserError(f"{path}: the dataset is empty")
     if isinstance(rows[0], dict) and ("paragraphs" in rows[0] or "context" in rows[0]):
         raise UserError(f"{path}: this is SQuAD-format data, not DPR; convert it with "
-                        "`python -m utils.retriever.make_dpr_data FILE --out dpr.json --passages passages.jsonl`")
+                        "`python make_dpr_data.py FILE --out dpr.json --passages passages.jsonl`")
     out = []
     for i, row in enumerate(rows):
         where = f"question {row.get('id', f'#{i}') if isinstance(row, dict) else f'#{i}'}"

@@ -1,13 +1,12 @@
 """Build DPR training data from any SQuAD-format file.
 
-    python -m utils.retriever.make_dpr_data squad.json --out dpr.json --passages passages.jsonl
+    python make_dpr_data.py squad.json --out dpr.json --passages passages.jsonl
 
-Every paragraph becomes a passage (passage_id "Title#paragraph_index"). Every answerable question
-becomes a DPR example: its own paragraph as the positive, the top BM25 paragraphs (question as the
-query, ranked with the bm25s library) that contain none of its answer strings as hard negatives,
-and random paragraphs without an answer string as negatives (answers matched as in utils.files.answers: normalised,
-on token boundaries). Unanswerable questions have no
-positive and are left out.
+Every paragraph becomes a passage (passage_id "Title#paragraph_index"). Every answerable question becomes a DPR
+example: its own paragraph as the positive, the top BM25 paragraphs (question as the query, ranked with the bm25s
+library) that contain none of its answer strings as hard negatives, and random paragraphs without an answer string as
+negatives (answers matched as in utils.files.answers: normalised, on token boundaries). Unanswerable questions have
+no positive and are left out.
 """
 
 import argparse
@@ -17,8 +16,8 @@ import random
 import sys
 
 from utils.errors import UserError, exit_on_user_error
-from utils.files.squad import load_squad
 from utils.files.answers import answer_patterns, holds_answer, normalized
+from utils.files.squad import load_squad
 from utils.search.bm25 import BM25
 
 
@@ -55,16 +54,21 @@ def build(examples: list[dict], num_hard_negatives: int, num_negatives: int, see
     return out, passages
 
 
-@exit_on_user_error
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], prog="python -m utils.retriever.make_dpr_data")
+def arguments() -> argparse.ArgumentParser:
+    """The command line (scripts/flag_tables.py lists its flags in docs/FLAGS.md)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], prog="python make_dpr_data.py")
     parser.add_argument("squad_files", nargs="+", help="SQuAD v1.1/v2.0 JSON (or flattened) files")
     parser.add_argument("--out", required=True, help="DPR JSON to write")
     parser.add_argument("--passages", help="also write every paragraph as JSON lines (the retrieval corpus)")
     parser.add_argument("--num_hard_negatives", type=int, default=2, help="BM25 hard negatives per question")
     parser.add_argument("--num_negatives", type=int, default=1, help="random negatives per question")
-    parser.add_argument("--seed", type=int, default=13)
-    args = parser.parse_args(argv)
+    parser.add_argument("--seed", type=int, default=13, help="seed of the random negatives")
+    return parser
+
+
+@exit_on_user_error
+def main(argv=None):
+    args = arguments().parse_args(argv)
     examples = [ex for path in args.squad_files for ex in load_squad(path)[0]]
     data, passages = build(examples, args.num_hard_negatives, args.num_negatives, args.seed)
     for path in filter(None, (args.out, args.passages)):
