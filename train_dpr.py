@@ -21,36 +21,32 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       The real-data run (its scores and time: docs/RESULTS.md): trained and ranked on sentences, the dense
       ranking beats BM25's, and the hybrid with BM25 beats both.
 
-Skeleton (same as train_reader.py): setup -> data -> model -> utils.loop.run (fit, validate, publish); the task
-itself is utils/retriever/dpr_task.py. The output directory holds query_encoder/ and passage_encoder/ (each loads in
-SentenceTransformer(dir) and AutoModel), with --export_dpr also dpr_question_encoder/ and dpr_context_encoder/,
-plus eval_results.json, rankings.jsonl (per-question top passages) and train_log.jsonl.
+Skeleton (as train_reader.py): config -> data -> model -> utils.loop.run (fit, validate, publish). The flags become
+the configs utils/ takes (utils/retriever/config.py, utils/loop/config.py); the task is utils/retriever/dpr_task.py.
+The output directory holds query_encoder/ and passage_encoder/ (each loads in SentenceTransformer(dir) and
+AutoModel), with --export_dpr also dpr_question_encoder/ and dpr_context_encoder/, plus eval_results.json,
+rankings.jsonl (per-question top passages) and train_log.jsonl.
 """
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-import torch
-from accelerate.utils import DistributedType
-from torch.utils.data import DataLoader
-
-from utils.loop.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_model_dir,
-                             packaged_minilm, parse_args, precision_as_trained)
-from utils.loop.batching import LengthGroupedBatchSampler
 from utils.errors import UserError, exit_on_user_error
+from utils.loop.args import (TrainArgs, arg, check_input_files, check_model_dir, packaged_minilm, parse_args,
+                             precision_as_trained)
 from utils.loop.optim import build_optimizer
 from utils.loop.process import setup
 from utils.loop.run import run
 from utils.retriever.bi_encoder import bi_encoder_of, sentence_transformers_defaults
-from utils.files.dpr import evaluation_data, load_dpr, training_passages
+from utils.retriever.config import EncoderConfig, EvaluationConfig, LossConfig, NegativesConfig
+from utils.retriever.dpr_task import DPRTask, load_training_data, training_loader
 from utils.retriever.encoding import load_tokenizers
-from utils.retriever.evaluate_retriever import evaluate_only
-from utils.retriever.evaluation import RetrievalEvaluation
+from utils.retriever.evaluate_retriever import evaluate_retriever
+from utils.retriever.evaluation import RetrievalEvaluation, load_evaluation_data
 from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings
-from utils.retriever.sentence_windows import training_windows
-from utils.retriever.dpr_task import DPRTask, TrainingData
 
 logger = logging.getLogger("qa-amp")
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
@@ -154,19 +150,8 @@ class DPRArgs(TrainArgs):
             self.num_train_epochs = 2.0
         if not self.validation_file:
             raise UserError("give --validation_file (DPR JSON) to evaluate retrieval")
-        if self.num_hard_negatives < 0:
-            raise UserError("--num_hard_negatives must be >= 0")
         if self.index is not None and (self.do_train or self.passages):
             raise UserError("--index is for --do_train false, instead of --passages")
-        if self.index is not None and not os.path.isdir(self.index):
-            raise UserError(f"--index {self.index}: no such directory")
-        if self.window_sentences < 0:
-            raise UserError("--window_sentences must be >= 0 (0: whole passages)")
-        if self.temperature is not None and self.temperature <= 0:
-            raise UserError("--temperature must be positive")
-        check_at_least_one(self, "grad_cache_chunk_size", "refresh_negatives_every", "length_buckets")
-        if self.refresh_negatives_every and self.num_hard_negatives < 1:
-            raise UserError("--refresh_negatives_every needs --num_hard_negatives of at least 1")
         if self.shared_encoder and self.passage_model_name_or_path != self.query_model_name_or_path \
                 and self.passage_model_name_or_path != packaged_minilm():
             raise UserError("--shared_encoder uses --query_model_name_or_path only; drop --passage_model_name_or_path")
@@ -175,70 +160,55 @@ class DPRArgs(TrainArgs):
         self.similarity = self.similarity or ("cosine" if st_normalize else "dot")
         if self.temperature is None:
             self.temperature = 0.05 if self.similarity == "cosine" else 1.0
-        if self.export_dpr and self.pooling != "cls":
-            raise UserError("--export_dpr needs --pooling cls: transformers' DPR encoders pool the [CLS] token")
+        for config in (EncoderConfig, NegativesConfig, LossConfig, EvaluationConfig):
+            self.config(config)  # their own checks, before anything is loaded
         super().validate()
 
-    def check_distributed(self, distributed_type) -> None:
-        """Combinations the hardware layout makes wrong, refused before anything trains."""
-        if self.grad_cache_chunk_size and distributed_type == DistributedType.DEEPSPEED:
-            # Accelerate's DeepSpeed backward also steps the engine on sync steps, and GradCache calls backward
-            # once per chunk: the optimizer would step once per chunk on partial gradients (and ZeRO-2
-            # ignores no_sync).
-            raise UserError("--grad_cache_chunk_size does not work under DeepSpeed (the engine would step once per "
-                            "chunk); use DDP or FSDP, or a smaller --per_device_train_batch_size without GradCache")
+    def config(self, cls):
+        """A utils.retriever.config dataclass, each field from the flag of its name."""
+        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
 
 
 @exit_on_user_error
 def main(argv=None):
-    # --- setup ---------------------------------------------------------------------------------------
+    # --- config --------------------------------------------------------------------------------------
     args = parse_args(DPRArgs, argv)
+    encoders = args.config(EncoderConfig)  # the bi-encoder, and how it reads questions and passages
+    negatives = args.config(NegativesConfig)  # what each question trains against besides its positive
+    loss = args.config(LossConfig)
+    eval_config = args.config(EvaluationConfig)  # what the retriever is ranked on
     loop = args.loop_config()  # what the shared loop takes (utils.loop.config)
     accelerator = setup(loop, training=args.do_train)
-    args.check_distributed(accelerator.distributed_type)
-    accelerator.print(f"encoders: pooling={args.pooling} similarity={args.similarity} temperature={args.temperature} "
-                      f"{'shared' if args.shared_encoder else 'separate'} hard_negatives={args.num_hard_negatives}")
+    loss.check_distributed(accelerator.distributed_type)
+    accelerator.print(f"encoders: pooling={encoders.pooling} similarity={encoders.similarity} temperature="
+                      f"{loss.temperature} {'shared' if encoders.shared_encoder else 'separate'} "
+                      f"hard_negatives={negatives.num_hard_negatives}")
 
     # --- data ----------------------------------------------------------------------------------------
-    q_tok, p_tok = load_tokenizers(args.query_model_name_or_path, args.passage_model_name_or_path,
-                                   args.shared_encoder, args.max_query_length, args.max_passage_length)
-    dev, corpus, dev_passages = evaluation_data(args)
+    q_tok, p_tok = load_tokenizers(encoders.query_model_name_or_path, encoders.passage_model_name_or_path,
+                                   encoders.shared_encoder, encoders.max_query_length, encoders.max_passage_length)
+    dev = load_evaluation_data(eval_config, negatives)
     if not args.do_train:
-        return evaluate_only(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages)
-    train = load_dpr(args.train_file)
-    if args.max_train_samples:
-        train = train[: args.max_train_samples]
-    if args.window_sentences:
-        train, whole = training_windows(train, args.window_sentences)
-        logger.info("train: positives are the answer-bearing %d-sentence windows (%d questions keep the whole passage: "
-                    "no window holds an answer)", args.window_sentences, whole)
-    per_question = training_passages(train, args.num_hard_negatives, args.seed)
+        return evaluate_retriever(accelerator, args.model_name_or_path, args.output_dir, encoders, eval_config,
+                                  q_tok, p_tok, dev)
+    data = load_training_data(args.train_file, args.max_train_samples, encoders, negatives, q_tok, p_tok)
     logger.info("train: %d questions x (1 positive + %d negatives); dev: %d questions; corpus: %d passages",
-                len(train), args.num_hard_negatives, len(dev), len(corpus))
-    if len(train) < args.per_device_train_batch_size * accelerator.num_processes:
-        raise UserError(f"{args.train_file}: {len(train)} questions are fewer than one global batch "
+                len(data.questions), negatives.num_hard_negatives, len(dev.questions), len(dev.corpus))
+    if len(data.questions) < args.per_device_train_batch_size * accelerator.num_processes:
+        raise UserError(f"{args.train_file}: {len(data.questions)} questions are fewer than one global batch "
                         f"({args.per_device_train_batch_size} x {accelerator.num_processes} processes)")
-
-    data = TrainingData(train, per_question, q_tok, p_tok, args, mining=bool(args.refresh_negatives_every))
-    # Length grouping by each question's longest passage (as first chosen: the sampler's order must not move when
-    # a refresh changes the negatives, or a resumed run would not see the batches it missed). Under DDP,
-    # Accelerate completes the epoch's last round from the epoch's first questions, so every process's batches
-    # are full (the shapes gathered across processes match) and no question is left out.
-    batch_sampler = LengthGroupedBatchSampler(data.passage_tokens.lengths[data.question_passages].max(1),
-                                              args.per_device_train_batch_size, args.seed, args.group_by_length)
-    train_loader = DataLoader(list(range(len(train))), batch_sampler=batch_sampler, collate_fn=torch.tensor,
-                              generator=torch.Generator().manual_seed(args.seed))  # see train_reader.py
+    train_loader = training_loader(data, args.per_device_train_batch_size, args.seed, args.group_by_length)
 
     # --- model ---------------------------------------------------------------------------------------
-    model = bi_encoder_of(args)
-    if args.export_dpr and model.query_encoder.config.model_type != "bert":
+    model = bi_encoder_of(encoders)
+    if encoders.export_dpr and model.query_encoder.config.model_type != "bert":
         raise UserError(f"--export_dpr needs BERT-architecture encoders (got {model.query_encoder.config.model_type})")
     optimizer = build_optimizer(model, loop.optimizer, accelerator.device)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
 
     # --- fit, validate, publish ----------------------------------------------------------------------
-    evaluation = RetrievalEvaluation(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages)
-    task = DPRTask(accelerator, args, q_tok, p_tok, train, data, evaluation)
+    evaluation = RetrievalEvaluation(accelerator, encoders, eval_config, q_tok, p_tok, dev)
+    task = DPRTask(accelerator, encoders, negatives, loss, data, evaluation, q_tok, p_tok)
     run(accelerator, loop, task, model, optimizer, train_loader)
 
 

@@ -120,9 +120,8 @@ def test_every_window_carries_its_passage_so_masking_and_mining_treat_it_as_that
     """Two questions about one paragraph, answered by different sentences, are each other's duplicates (masked), a
     question kept on the whole paragraph masks that paragraph's sentences, and a refresh never picks a sentence of
     the question's own gold paragraph."""
-    from types import SimpleNamespace
-
     from utils.files.dpr import training_passages
+    from utils.retriever.config import EncoderConfig
     from utils.retriever.loss import contrastive_scores
     from utils.retriever.sentence_windows import training_windows
     from utils.retriever.dpr_task import TrainingData
@@ -138,8 +137,10 @@ def test_every_window_carries_its_passage_so_masking_and_mining_treat_it_as_that
     train, whole = training_windows(qs, 1)
     assert whole == 1 and [q["positive_ctxs"][0]["text"] for q in train] == [
         "It was built in 1871.", "Matilda Reyes designed it.", gold["text"]]
-    args = SimpleNamespace(max_query_length=32, max_passage_length=64, embed_title=True)
-    data = TrainingData(train, training_passages(train, 1, seed=0), tokenizer, tokenizer, args, mining=True)
+    encoders = EncoderConfig("unused", "unused", shared_encoder=True, pooling="cls", similarity="dot", embed_title=True,
+                             window_sentences=1, max_query_length=32, max_passage_length=64, length_buckets=1,
+                             export_dpr=False)
+    data = TrainingData(train, training_passages(train, 1, seed=0), tokenizer, tokenizer, encoders, refresh=True)
     batch = data.batch(np.arange(3))
     keys = batch["passage_keys"]  # [pos_0, neg_0, pos_1, neg_1, pos_2, neg_2]
     assert keys[0] == keys[2] == keys[4] and len(set(keys[[0, 1, 3]].tolist())) == 2

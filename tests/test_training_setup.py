@@ -112,13 +112,14 @@ def test_grad_cache_under_deepspeed_is_refused():
     from accelerate.utils import DistributedType
 
     from train_dpr import DPRArgs
-    from utils.loop.args import parse_args
     from utils.errors import UserError
+    from utils.loop.args import parse_args
+    from utils.retriever.config import LossConfig
 
-    args = parse_args(DPRArgs, ["--grad_cache_chunk_size", "4"])
-    args.check_distributed(DistributedType.MULTI_GPU)
+    loss = parse_args(DPRArgs, ["--grad_cache_chunk_size", "4"]).config(LossConfig)
+    loss.check_distributed(DistributedType.MULTI_GPU)
     with pytest.raises(UserError, match="does not work under DeepSpeed"):
-        args.check_distributed(DistributedType.DEEPSPEED)
+        loss.check_distributed(DistributedType.DEEPSPEED)
 
 
 def test_best_model_keeping_under_sharded_parameters_is_refused_at_start_up():

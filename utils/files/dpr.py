@@ -7,7 +7,7 @@ in a one-line UserError.
 import numpy as np
 
 from utils.errors import UserError
-from utils.files.corpus import check_ctx, load_passages, passage_key, unique_passages
+from utils.files.corpus import check_ctx, passage_key, unique_passages
 from utils.files.jsonfiles import read_json
 
 
@@ -77,23 +77,3 @@ def evaluation_corpus(dev: list[dict], passages: list[dict] | None) -> tuple[lis
                 corpus.append(c)
                 added += passages is not None
     return corpus, added
-
-
-def evaluation_data(args) -> tuple[list[dict], list[dict], list[list[dict]]]:
-    """(dev questions, the corpus to rank, each dev question's training-style passages for the in-batch rank)."""
-    import logging
-
-    dev = load_dpr(args.validation_file)
-    if args.max_eval_samples:
-        dev = dev[: args.max_eval_samples]
-    if getattr(args, "index", None):  # the passages of a built index (checked when it was built), in its order
-        from utils.search.index import Index
-
-        passages = list(Index.load(args.index).passages)
-    else:
-        passages = load_passages(args.passages) if args.passages else None
-    corpus, added = evaluation_corpus(dev, passages)
-    if added:
-        logging.getLogger("qa-amp").warning("%d gold passages of the dev file are not in %s; added them to the ranked "
-                                            "corpus", added, args.index or args.passages)
-    return dev, corpus, training_passages(dev, args.num_hard_negatives, args.seed)

@@ -8,14 +8,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel
+from transformers.utils import cached_file
 
+from utils.errors import UserError
 from utils.loop.batching import round_up
+from utils.retriever.config import EncoderConfig
 
 
 def sentence_transformers_defaults(model_name_or_path: str) -> tuple[str | None, bool | None]:
     """(pooling, normalised) a sentence-transformers model was trained with, from its modules.json and
     pooling config; (None, None) for a plain transformers checkpoint."""
-    from transformers.utils import cached_file
 
     def read(name):
         try:
@@ -91,18 +93,16 @@ class BiEncoder(nn.Module):
                 self.embed("passage", passage) if passage is not None else None)
 
 
-def bi_encoder_of(args) -> BiEncoder:
-    """The bi-encoder train_dpr.py's flags describe."""
-    return load_bi_encoder(args.query_model_name_or_path, args.passage_model_name_or_path, args.shared_encoder,
-                           args.pooling, args.similarity, args.length_buckets)
+def bi_encoder_of(config: EncoderConfig) -> BiEncoder:
+    """The bi-encoder `config` describes."""
+    return load_bi_encoder(config.query_model_name_or_path, config.passage_model_name_or_path, config.shared_encoder,
+                           config.pooling, config.similarity, config.length_buckets)
 
 
 def load_bi_encoder(query_path: str, passage_path: str, shared: bool, pooling: str, similarity: str,
                     length_buckets: int = 1) -> BiEncoder:
     """The bi-encoder (encoders, sharing, pooling, similarity, length buckets); a one-line error when an encoder
     cannot be loaded."""
-    from utils.errors import UserError
-
     try:
         return BiEncoder.from_pretrained(query_path, passage_path, shared, pooling, similarity == "cosine",
                                          length_buckets)

@@ -20,46 +20,55 @@ import time
 import numpy as np
 import torch
 from accelerate.utils import send_to_device
+from torch.utils.data import DataLoader
 
-from utils.loop.checkpoints import load_weights
-from utils.loop.grad_cache import grad_cache_step
-from utils.files.jsonfiles import json_line
-from utils.loop.process import bare_model
-from utils.loop.task import Task
 from utils.files.answers import normalized
 from utils.files.corpus import key_hash, passage_key, text_key, unique_passages
+from utils.files.dpr import load_dpr, training_passages
+from utils.files.jsonfiles import json_line
+from utils.loop.batching import LengthGroupedBatchSampler
+from utils.loop.checkpoints import load_weights
+from utils.loop.grad_cache import grad_cache_step
+from utils.loop.process import bare_model
+from utils.loop.task import Task
+from utils.retriever.config import EncoderConfig, LossConfig, NegativesConfig
 from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
 from utils.retriever.evaluation import RetrievalEvaluation
 from utils.retriever.exports import encoder_state, export_dpr, save_sentence_transformers_dir
-from utils.search.fusion import CANDIDATES
 from utils.retriever.loss import global_loss
 from utils.retriever.mined_negatives import select_negatives
-from utils.search.ranking import retrieval_metrics
-from utils.search.exact import Vectors, dense_search
-from utils.search.shards import shard
+from utils.retriever.sentence_windows import training_windows
 from utils.retriever.settings import RetrieverSettings
+from utils.search.exact import Vectors, dense_search
+from utils.search.fusion import CANDIDATES
+from utils.search.ranking import retrieval_metrics
+from utils.search.shards import shard
 
 logger = logging.getLogger("qa-amp")
 
 
 class TrainingData:
-    """The training questions and the passages they train against, tokenised once. `question_passages[i]` is question i's
-    [positive, negatives...] as indices into `passages`. A refresh replaces the negatives; they are checkpointed
-    (state_dict), so a resumed run trains on exactly the negatives the interrupted one had. With `mining`, the
+    """The training questions and the passages they train against, tokenised once. Built from `question_passages`,
+    each question's [positive, negatives...] (utils.files.dpr.training_passages); `self.question_passages[i]` holds
+    question i's as indices into `self.passages`. A refresh replaces the negatives; they are checkpointed
+    (state_dict), so a resumed run trains on exactly the negatives the interrupted one had. With `refresh`, the
     passages also include every other passage of the train file: the corpus refreshed negatives come from."""
 
-    def __init__(self, questions, groups, q_tok, p_tok, args, mining: bool):
-        ctxs = [c for g in groups for c in g]
-        if mining:
+    def __init__(self, questions: list[dict], question_passages: list[list[dict]], q_tok, p_tok,
+                 encoders: EncoderConfig, refresh: bool):
+        self.questions = questions
+        ctxs = [c for g in question_passages for c in g]
+        if refresh:
             ctxs += [c for q in questions for c in q["positive_ctxs"] + q["hard_negative_ctxs"] + q["negative_ctxs"]]
         self.passages = unique_passages(ctxs)
-        index = {text_key(c): i for i, c in enumerate(self.passages)}
-        self.question_passages = np.array([[index[text_key(c)] for c in g] for g in groups], dtype=np.int64)
+        position = {text_key(c): i for i, c in enumerate(self.passages)}
+        self.question_passages = np.array([[position[text_key(c)] for c in g] for g in question_passages],
+                                          dtype=np.int64)
         # Masking compares passages, not texts: a window is a duplicate of every other window of its passage.
         self.keys = torch.tensor([key_hash(passage_key(c)) for c in self.passages], dtype=torch.long)
-        self.normalized_texts = [normalized(c["text"]) for c in self.passages] if mining else None
-        self.question_tokens = tokenize_questions(q_tok, [q["question"] for q in questions], args.max_query_length)
-        self.passage_tokens = tokenize_passages(p_tok, self.passages, args.max_passage_length, args.embed_title)
+        self.normalized_texts = [normalized(c["text"]) for c in self.passages] if refresh else None
+        self.question_tokens = tokenize_questions(q_tok, [q["question"] for q in questions], encoders.max_query_length)
+        self.passage_tokens = tokenize_passages(p_tok, self.passages, encoders.max_passage_length, encoders.embed_title)
         self.q_pad, self.p_pad = q_tok.pad_token_id, p_tok.pad_token_id
         self.refreshes = []  # {"when", "changed", "seconds"} per refresh: a record for eval_results.json
 
@@ -83,18 +92,50 @@ class TrainingData:
         self.refreshes = state["refreshes"]
 
 
+def load_training_data(train_file: str, max_train_samples: int | None, encoders: EncoderConfig,
+                       negatives: NegativesConfig, q_tok, p_tok) -> TrainingData:
+    """The training questions of a DPR file (its first `max_train_samples`) with their first negatives
+    (utils.files.dpr.training_passages), tokenised. With window_sentences, each positive is cut to its window that
+    holds the answer and the negatives to windows (utils.retriever.sentence_windows)."""
+    questions = load_dpr(train_file)[:max_train_samples]
+    if encoders.window_sentences:
+        questions, whole = training_windows(questions, encoders.window_sentences)
+        logger.info("train: positives are the answer-bearing %d-sentence windows (%d questions keep the whole passage: "
+                    "no window holds an answer)", encoders.window_sentences, whole)
+    question_passages = training_passages(questions, negatives.num_hard_negatives, negatives.seed)
+    return TrainingData(questions, question_passages, q_tok, p_tok, encoders,
+                        refresh=bool(negatives.refresh_negatives_every))
+
+
+def training_loader(data: TrainingData, per_device_train_batch_size: int, seed: int,
+                    group_by_length: bool) -> DataLoader:
+    """The training questions' indices in batches, grouped by length with `group_by_length`: by each question's
+    longest passage as first chosen (the sampler's order must not move when a refresh changes the negatives, or a
+    resumed run would not see the batches it missed). Under DDP, Accelerate completes the epoch's last round from
+    the epoch's first questions, so every process's batches are full (the shapes gathered across processes match)
+    and no question is left out."""
+    batch_sampler = LengthGroupedBatchSampler(data.passage_tokens.lengths[data.question_passages].max(1),
+                                              per_device_train_batch_size, seed, group_by_length)
+    # Own generator: creating an iterator must not draw from the global RNG, or a resumed run's dropout masks would
+    # differ from an uninterrupted run's.
+    return DataLoader(list(range(len(data.questions))), batch_sampler=batch_sampler, collate_fn=torch.tensor,
+                      generator=torch.Generator().manual_seed(seed))
+
+
 class DPRTask(Task):
     tracker_project = "qa-amp-dpr"
     samples_name = "questions"
 
-    def __init__(self, accelerator, args, q_tok, p_tok, train, data: TrainingData, evaluation: RetrievalEvaluation):
-        self.accelerator, self.args, self.q_tok, self.p_tok = accelerator, args, q_tok, p_tok
-        self.train, self.data, self.evaluation = train, data, evaluation
+    def __init__(self, accelerator, encoders: EncoderConfig, negatives: NegativesConfig, loss: LossConfig,
+                 data: TrainingData, evaluation: RetrievalEvaluation, q_tok, p_tok):
+        self.accelerator, self.encoders, self.negatives, self.loss = accelerator, encoders, negatives, loss
+        self.data, self.evaluation, self.q_tok, self.p_tok = data, evaluation, q_tok, p_tok
+        self.encoding_batch_size = evaluation.config.per_device_eval_batch_size  # embedding without gradients
         self.dense_weight = None  # the hybrid's, of the latest evaluation: what the weights saved next rank with
-        if args.refresh_negatives_every:  # the training questions to mine for, and this process's passages
+        if negatives.refresh_negatives_every:  # the training questions to mine for, and this process's passages
             self.train_question_loader = encoding_loader(accelerator, data.question_tokens, "query", data.q_pad,
-                                                         args.per_device_eval_batch_size)
-            self.mining_shard = shard(len(data.passages), accelerator.process_index, accelerator.num_processes)
+                                                         self.encoding_batch_size)
+            self.refresh_shard = shard(len(data.passages), accelerator.process_index, accelerator.num_processes)
 
     @property
     def metric_directions(self) -> dict[str, str]:
@@ -112,7 +153,7 @@ class DPRTask(Task):
         return self.data.tokens(batch.cpu().numpy())
 
     def checkpoint_objects(self) -> list:
-        return [self.data] if self.args.refresh_negatives_every else []
+        return [self.data] if self.negatives.refresh_negatives_every else []
 
     def model_inputs(self, batch):
         return send_to_device(self.data.batch(batch.cpu().numpy()), self.accelerator.device)
@@ -124,15 +165,15 @@ class DPRTask(Task):
     def _loss(self, q, p, passage_keys):
         """(loss to backpropagate, loss to log): the global-batch loss, scaled by the world size for DDP's
         gradient average (utils.retriever.loss.global_loss)."""
-        loss, for_backward = global_loss(q, p, passage_keys, self.args.temperature)
+        loss, for_backward = global_loss(q, p, passage_keys, self.loss.temperature)
         return for_backward, loss
 
     def train_step(self, accelerator, model, batch, weight=1.0):
-        if not self.args.grad_cache_chunk_size:
+        if not self.loss.grad_cache_chunk_size:
             return super().train_step(accelerator, model, batch, weight)
         # GradCache: the same step in chunks of --grad_cache_chunk_size questions (with their passages).
         batch = self.model_inputs(batch)
-        n_q, size = len(batch["query"]["input_ids"]), self.args.grad_cache_chunk_size
+        n_q, size = len(batch["query"]["input_ids"]), self.loss.grad_cache_chunk_size
         per_question = len(batch["passage"]["input_ids"]) // n_q
         take = lambda inputs, a, b: {k: v[a:b] for k, v in inputs.items()}  # noqa: E731
         chunks = [{"query": take(batch["query"], s, s + size),
@@ -144,11 +185,12 @@ class DPRTask(Task):
     # --- refreshed hard negatives (ANCE-style) ---
 
     def start_epoch(self, model, epoch: int) -> None:
-        if self.args.refresh_negatives_every:
+        if self.negatives.refresh_negatives_every:
             self.refresh_negatives(model, f"epoch {epoch} start")
 
     def after_update(self, model, step: int) -> None:
-        if self.args.refresh_negatives_every and step % self.args.refresh_negatives_every == 0:
+        every = self.negatives.refresh_negatives_every
+        if every and step % every == 0:
             self.refresh_negatives(model, f"update {step}")
 
     def refresh_negatives(self, model, when: str) -> None:
@@ -162,13 +204,14 @@ class DPRTask(Task):
         model.eval()
         with torch.no_grad():
             q = encode(acc, model, self.train_question_loader, "query", len(self.data.question_tokens)).to(device)
-            mine = self.mining_shard
+            mine = self.refresh_shard
             p = encode_texts(bare_model(acc, model), self.data.passage_tokens, "passage", self.data.p_pad,
-                             self.args.per_device_eval_batch_size, device, rows=np.arange(mine.start, mine.stop))
+                             self.encoding_batch_size, device, rows=np.arange(mine.start, mine.stop))
         old = self.data.question_passages[:, 1:].copy()
         depth = min(len(self.data.passages), 4 * old.shape[1] + 50)  # deep enough to skip positives, false negatives
         _, ranked, _ = dense_search(q, Vectors(p, None, len(mine), mine.start), depth)
-        new = select_negatives(ranked, self.train, self.data.passages, old.shape[1], old, self.data.normalized_texts)
+        new = select_negatives(ranked, self.data.questions, self.data.passages, old.shape[1], old,
+                               self.data.normalized_texts)
         self.data.question_passages[:, 1:] = new
         changed = int(sum(len(set(n) - set(o)) for n, o in zip(new.tolist(), old.tolist())))
         # Which negatives, not only how many changed: two runs agree on a refresh iff their fingerprints agree.
@@ -199,26 +242,28 @@ class DPRTask(Task):
             f.writelines(json_line(r) + "\n" for r in result["rankings"])
 
     def summary(self, result):
-        out = {"pooling": self.args.pooling, "similarity": self.args.similarity, "temperature": self.args.temperature,
-               "window_sentences": self.args.window_sentences, "corpus_passages": len(self.evaluation.corpus)}
-        if self.args.refresh_negatives_every:
+        e = self.encoders
+        out = {"pooling": e.pooling, "similarity": e.similarity, "temperature": self.loss.temperature,
+               "window_sentences": e.window_sentences, "corpus_passages": len(self.evaluation.data.corpus)}
+        if self.negatives.refresh_negatives_every:
             out["negatives_refreshed"] = self.data.refreshes
         return out
 
     def save(self, model, directory, state_dict):
+        e = self.encoders
         for side, tok in (("query", self.q_tok), ("passage", self.p_tok)):
-            max_len = self.args.max_query_length if side == "query" else self.args.max_passage_length
+            max_len = e.max_query_length if side == "query" else e.max_passage_length
             save_sentence_transformers_dir(model.encoder(side), encoder_state(model, state_dict, side), tok,
-                                           os.path.join(directory, f"{side}_encoder"), self.args.pooling,
-                                           self.args.similarity == "cosine", max_len)
-            if self.args.export_dpr:
+                                           os.path.join(directory, f"{side}_encoder"), e.pooling,
+                                           e.similarity == "cosine", max_len)
+            if e.export_dpr:
                 export_dpr(model.encoder(side), encoder_state(model, state_dict, side), tok,
                            os.path.join(directory, "dpr_question_encoder" if side == "query" else "dpr_context_encoder"),
                            side)
-        a = self.args
-        RetrieverSettings(a.pooling, a.similarity, a.temperature, a.shared_encoder, a.embed_title, a.window_sentences,
-                          a.max_query_length, a.max_passage_length, self.dense_weight, CANDIDATES,
-                          {"data": a.validation_file, "questions": len(self.evaluation.dev)},
+        RetrieverSettings(e.pooling, e.similarity, self.loss.temperature, e.shared_encoder, e.embed_title,
+                          e.window_sentences, e.max_query_length, e.max_passage_length, self.dense_weight, CANDIDATES,
+                          {"data": self.evaluation.config.validation_file,
+                           "questions": len(self.evaluation.data.questions)},
                           precision=self.accelerator.mixed_precision).save(directory)
 
     def load(self, model, directory):

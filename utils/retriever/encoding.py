@@ -5,7 +5,11 @@ whole set of texts sharded across processes (evaluation, the negatives refresh).
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
 
+from utils.errors import UserError
+from utils.loop.args import check_max_length
 from utils.loop.batching import pad_batch
 
 
@@ -37,11 +41,6 @@ def load_tokenizers(query_path: str, passage_path: str, shared: bool, max_query_
                     max_passage_length: int) -> tuple:
     """(question tokenizer, passage tokenizer) of the encoders (one, with `shared`), with the lengths checked
     against what the encoders can take."""
-    from transformers import AutoTokenizer
-
-    from utils.loop.args import check_max_length
-    from utils.errors import UserError
-
     passage_path = query_path if shared else passage_path
     try:
         q_tok = AutoTokenizer.from_pretrained(query_path)
@@ -92,8 +91,6 @@ def encode_texts(model, tokenized: Tokenized, side: str, pad_token_id: int, batc
     alone: what a process holds of a sharded corpus, or what the Retriever API indexes. `model` is the bare
     bi-encoder (no DDP wrapper: processes encode different numbers of batches). Longest first, so that each batch is
     padded only to lengths like its own; `progress` names a progress bar."""
-    from tqdm.auto import tqdm
-
     rows = np.arange(len(tokenized)) if rows is None else np.asarray(rows)
     perm = np.argsort(-tokenized.lengths[rows], kind="stable")  # position in `rows` of each text, longest first
     out = None

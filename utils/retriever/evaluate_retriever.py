@@ -12,34 +12,36 @@ from utils.files.jsonfiles import json_line, write_json
 from utils.loop.output_dir import publish_dir
 from utils.loop.process import bare_model, finish
 from utils.retriever.bi_encoder import bi_encoder_of
-from utils.retriever.evaluation import RetrievalEvaluation
-from utils.retriever.settings import RetrieverSettings
+from utils.retriever.config import EncoderConfig, EvaluationConfig
+from utils.retriever.evaluation import EvaluationData, RetrievalEvaluation
+from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings, encoder_fingerprint
+from utils.search.index import Index
 
 
-def evaluate_only(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages) -> None:
-    settings = RetrieverSettings.load(args.model_name_or_path)
-    model = accelerator.prepare(bi_encoder_of(args))
+def evaluate_retriever(accelerator, model_dir: str, output_dir: str, encoders: EncoderConfig, config: EvaluationConfig,
+                       q_tok, p_tok, data: EvaluationData) -> None:
+    """Rank `data` with the retriever of `model_dir` (`encoders`: its encoders, as it records them), print the
+    metrics and write eval_results.json and rankings.jsonl to `output_dir`."""
+    settings = RetrieverSettings.load(model_dir)
+    model = accelerator.prepare(bi_encoder_of(encoders))
     model.eval()
     index_shards, indexed, index_precision = None, 0, None
-    if args.index:  # this process's share of the shards, checked against the retriever being evaluated
-        from utils.search.index import Index
-        from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, encoder_fingerprint
-
-        index = Index.load(args.index, share=(accelerator.process_index, accelerator.num_processes))
-        encoder = os.path.join(args.model_name_or_path, QUERY_ENCODER if settings.shared_encoder else PASSAGE_ENCODER)
-        index.check_encoder(os.path.abspath(args.model_name_or_path), settings, encoder_fingerprint(encoder),
-                            bare_model(accelerator, model).query_encoder.config.hidden_size, args.index)
+    if config.index:  # this process's share of the shards, checked against the retriever being evaluated
+        index = Index.load(config.index, share=(accelerator.process_index, accelerator.num_processes))
+        encoder = os.path.join(model_dir, QUERY_ENCODER if settings.shared_encoder else PASSAGE_ENCODER)
+        index.check_encoder(os.path.abspath(model_dir), settings, encoder_fingerprint(encoder),
+                            bare_model(accelerator, model).query_encoder.config.hidden_size, config.index)
         index_shards, indexed, index_precision = index.shards, index.count, index.built_by["precision"]
-    evaluation = RetrievalEvaluation(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages,
+    evaluation = RetrievalEvaluation(accelerator, encoders, config, q_tok, p_tok, data,
                                      recorded_weight=settings.hybrid_dense_weight, index_shards=index_shards,
                                      indexed=indexed)
     with torch.no_grad():
         result = evaluation(model)
-    m = result["metrics"]
+    m, questions, corpus = result["metrics"], len(data.questions), len(data.corpus)
     accelerator.print(
-        f"{args.validation_file}: {len(dev)} questions, {len(corpus)} passages; encoders at precision "
+        f"{config.validation_file}: {questions} questions, {corpus} passages; encoders at precision "
         f"{accelerator.mixed_precision}{' (as trained)' if accelerator.mixed_precision == settings.precision else ''}"
-        + (f"; passages from the index {args.index} (embedded at {index_precision})" if args.index else "") + "\n"
+        + (f"; passages from the index {config.index} (embedded at {index_precision})" if config.index else "") + "\n"
         f"  dense:  top1 {m['top1']:.1f} top5 {m['top5']:.1f} top20 {m['top20']:.1f} MRR@10 {m['mrr@10']:.3f} "
         f"mean rank {m['mean_rank']:.1f}\n"
         f"  BM25:   top1 {m['bm25_top1']:.1f} top5 {m['bm25_top5']:.1f} top20 {m['bm25_top20']:.1f} MRR@10 "
@@ -50,14 +52,14 @@ def evaluate_only(accelerator, args, q_tok, p_tok, dev, corpus, dev_passages) ->
         f"MRR@10 {m['hybrid_mrr@10']:.3f}\n"
         f"  hybrid at the weight tuned on this file ({m['hybrid_tuned_dense_weight']}, an upper bound): top1 "
         f"{m['hybrid_tuned_top1']:.1f} MRR@10 {m['hybrid_tuned_mrr@10']:.3f}")
-    with publish_dir(accelerator, args.output_dir, state="evaluated") as out:
+    with publish_dir(accelerator, output_dir, state="evaluated") as out:
         if accelerator.is_main_process:
             with open(os.path.join(out, "rankings.jsonl"), "w") as f:
                 f.writelines(json_line(r) + "\n" for r in result["rankings"])
         write_json(accelerator, os.path.join(out, "eval_results.json"),
-                   {"model": args.model_name_or_path, "file": args.validation_file, "passages": args.passages,
-                    "index": args.index, "index_precision": index_precision,
-                    "corpus_passages": len(corpus), "metrics": m, "processes": accelerator.num_processes,
+                   {"model": model_dir, "file": config.validation_file, "passages": config.passages,
+                    "index": config.index, "index_precision": index_precision,
+                    "corpus_passages": corpus, "metrics": m, "processes": accelerator.num_processes,
                     "precision": accelerator.mixed_precision, "precision_as_trained": settings.precision,
                     "note": "hybrid_*: cross-fitted on this file; hybrid_recorded_*: at the retriever's recorded dense "
                             "weight; hybrid_tuned_*: at the weight tuned on this file, an upper bound; rankings.jsonl: "

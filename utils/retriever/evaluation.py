@@ -12,43 +12,74 @@ retriever's recorded weight.
 """
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from accelerate.utils import gather_object
 
+from utils.files.corpus import key_hash, load_passages, passage_key, unique_passages
+from utils.files.dpr import evaluation_corpus, load_dpr, training_passages
 from utils.loop.process import bare_model
-from utils.search.bm25 import BM25
-from utils.files.corpus import key_hash, passage_key, unique_passages
+from utils.retriever.config import EncoderConfig, EvaluationConfig, NegativesConfig
 from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
-from utils.search.fusion import (CANDIDATES, convex_fusion, cross_fitted_ranks, fused_gold_ranks, gather_candidates,
-                                    reciprocal_rank_fusion, tune_dense_weight)
 from utils.retriever.loss import batch_ranks
-from utils.search.ranking import retrieval_metrics
-from utils.search.exact import Vectors, dense_search, score_passages, score_shards
-from utils.search.shards import shard, summed_counts
 from utils.retriever.sentence_windows import sentence_windows
+from utils.search.bm25 import BM25
+from utils.search.exact import Vectors, dense_search, score_passages, score_shards
+from utils.search.fusion import (CANDIDATES, convex_fusion, cross_fitted_ranks, fused_gold_ranks, gather_candidates,
+                                 reciprocal_rank_fusion)
+from utils.search.index import Index
+from utils.search.ranking import retrieval_metrics
+from utils.search.shards import shard, summed_counts
 
 logger = logging.getLogger("qa-amp")
 
 
+@dataclass(frozen=True)
+class EvaluationData:
+    questions: list[dict]
+    """The dev questions (DPR), each with its positives as the gold passages."""
+    corpus: list[dict]
+    """The passages ranked for every question: the corpus given (or the index's), plus any gold passage it lacks;
+    without either, every context of the dev file."""
+    question_passages: list[list[dict]]
+    """Each question's training-style passages, its positive then its negatives: the batches of the in-batch rank."""
+
+
+def load_evaluation_data(config: EvaluationConfig, negatives: NegativesConfig) -> EvaluationData:
+    """The dev questions, the corpus they are ranked against, and the passages of their training-style batches."""
+    questions = load_dpr(config.validation_file)[:config.max_eval_samples]
+    if config.index:  # the passages of a built index (checked when it was built), in its order
+        passages = list(Index.load(config.index).passages)
+    else:
+        passages = load_passages(config.passages) if config.passages else None
+    corpus, added = evaluation_corpus(questions, passages)
+    if added:
+        logger.warning("%d gold passages of the dev file are not in %s; added them to the ranked corpus", added,
+                       config.index or config.passages)
+    return EvaluationData(questions, corpus,
+                          training_passages(questions, negatives.num_hard_negatives, negatives.seed))
+
+
 class RetrievalEvaluation:
     """The dev questions and the corpus they are ranked against: this process's shard of it, tokenised once (as
-    sentence windows with --window_sentences), BM25 over all of it, and the dev questions' training-style batches
+    sentence windows with window_sentences), BM25 over all of it, and the dev questions' training-style batches
     for the in-batch rank."""
 
-    def __init__(self, accelerator, args, q_tok, p_tok, dev, corpus, dev_passages, recorded_weight=None,
-                 index_shards=None, indexed: int = 0):
+    def __init__(self, accelerator, encoders: EncoderConfig, config: EvaluationConfig, q_tok, p_tok,
+                 data: EvaluationData, recorded_weight=None, index_shards=None, indexed: int = 0):
         """`recorded_weight`: also rank the hybrid at this dense weight (a trained retriever's: `hybrid_recorded_*`).
-        `index_shards`: this process's shards of an index of the corpus's first `indexed` passages (utils.retriever.
+        `index_shards`: this process's shards of an index of the corpus's first `indexed` passages (utils.search.
         index), searched instead of embedding them; the rest of the corpus (gold passages the index lacks) is
         embedded by the last process."""
-        self.accelerator, self.args, self.recorded_weight = accelerator, args, recorded_weight
-        self.dev, self.corpus, self.dev_passages = dev, corpus, dev_passages
+        self.accelerator, self.encoders, self.config, self.data = accelerator, encoders, config, data
+        self.recorded_weight = recorded_weight
+        dev, corpus = data.questions, data.corpus
         self.p_pad = p_tok.pad_token_id
-        index = {passage_key(c): i for i, c in enumerate(corpus)}
+        position = {passage_key(c): i for i, c in enumerate(corpus)}
         # each gold passage once: a positive listed twice must not count against itself in the ranks
-        self.gold = [list(dict.fromkeys(index[passage_key(c)] for c in q["positive_ctxs"])) for q in dev]
+        self.gold = [list(dict.fromkeys(position[passage_key(c)] for c in q["positive_ctxs"])) for q in dev]
         self.gold_ids = _padded(self.gold)
         self.index_shards = index_shards or []
         if index_shards is None:  # each process embeds its shard of the corpus
@@ -56,38 +87,39 @@ class RetrievalEvaluation:
         else:
             last = accelerator.process_index == accelerator.num_processes - 1
             self.shard = range(indexed, len(corpus) if last else indexed)
-        windows, owner = sentence_windows(corpus[self.shard.start:self.shard.stop], args.window_sentences)
-        self.shard_owner = owner if args.window_sentences else None
-        self.shard_tokens = tokenize_passages(p_tok, windows, args.max_passage_length, args.embed_title)
+        windows, owner = sentence_windows(corpus[self.shard.start:self.shard.stop], encoders.window_sentences)
+        self.shard_owner = owner if encoders.window_sentences else None
+        self.shard_tokens = tokenize_passages(p_tok, windows, encoders.max_passage_length, encoders.embed_title)
         # The passages of the dev questions' training-style batches that the corpus lacks (their hard negatives,
         # say) are encoded too, on every process, for the in-batch rank only: the ranked corpus stays the one given.
-        extra = unique_passages(c for g in dev_passages for c in g if passage_key(c) not in index)
-        extra_windows, self.extra_owner = sentence_windows(extra, args.window_sentences)
-        self.extra_tokens = (tokenize_passages(p_tok, extra_windows, args.max_passage_length, args.embed_title)
+        extra = unique_passages(c for g in data.question_passages for c in g if passage_key(c) not in position)
+        extra_windows, self.extra_owner = sentence_windows(extra, encoders.window_sentences)
+        self.extra_tokens = (tokenize_passages(p_tok, extra_windows, encoders.max_passage_length, encoders.embed_title)
                              if extra else None)
         # where each in-batch passage's embedding is: (corpus id, None), or (None, id among the extra ones)
-        self.in_batch_ids = {passage_key(c): (index[passage_key(c)], None)
-                             for g in dev_passages for c in g if passage_key(c) in index}
+        self.in_batch_ids = {passage_key(c): (position[passage_key(c)], None)
+                             for g in data.question_passages for c in g if passage_key(c) in position}
         self.in_batch_ids.update({passage_key(c): (None, i) for i, c in enumerate(extra)})
         self.question_loader = encoding_loader(accelerator, tokenize_questions(q_tok, [q["question"] for q in dev],
-                                                                                  args.max_query_length),
-                                               "query", q_tok.pad_token_id, args.per_device_eval_batch_size)
+                                                                                  encoders.max_query_length),
+                                               "query", q_tok.pad_token_id, config.per_device_eval_batch_size)
         self.bm25 = BM25(corpus)
-        self.questions = shard(len(dev), accelerator.process_index, accelerator.num_processes)  # BM25's share
+        self.bm25_share = shard(len(dev), accelerator.process_index, accelerator.num_processes)  # of the questions
 
     def __call__(self, model) -> dict:
         acc, device = self.accelerator, self.accelerator.device
-        q_emb = encode(acc, model, self.question_loader, "query", len(self.dev)).to(device)
-        bare, bs = bare_model(acc, model), self.args.per_device_eval_batch_size
+        dev, corpus = self.data.questions, self.data.corpus
+        q_emb = encode(acc, model, self.question_loader, "query", len(dev)).to(device)
+        bare, bs = bare_model(acc, model), self.config.per_device_eval_batch_size
         vectors = self.index_shards + ([Vectors(encode_texts(bare, self.shard_tokens, "passage", self.p_pad, bs, device),
                                                 self.shard_owner, len(self.shard), self.shard.start)]
                                        if len(self.shard) else [])
         self._warn_nan(q_emb, vectors)
         dense_s, dense_i, ranks = dense_search(q_emb, vectors, CANDIDATES, self.gold_ids)
         # BM25, a share of the questions on each process: its own top passages, and its scores of the dense ones.
-        mine = self.questions
+        mine = self.bm25_share
         lex_s, lex_i, lex_ranks, lex_of_dense = (np.concatenate(parts) for parts in zip(*gather_object([
-            self.bm25.search([q["question"] for q in self.dev[mine.start:mine.stop]], CANDIDATES,
+            self.bm25.search([q["question"] for q in dev[mine.start:mine.stop]], CANDIDATES,
                              self.gold[mine.start:mine.stop], dense_i[mine.start:mine.stop])])))
         dense_of_lex = score_shards(q_emb, vectors, lex_i, distributed=True)
         candidates = gather_candidates(dense_s, dense_i, lex_s, lex_i, lex_of_dense, dense_of_lex)
@@ -111,8 +143,8 @@ class RetrievalEvaluation:
         metrics["hybrid_tuned_dense_weight"] = tuned
         rankings = [{"id": q["id"], "question": q["question"], "gold_rank": int(r), "bm25_gold_rank": int(b),
                      "hybrid_gold_rank": int(h), "rrf_gold_rank": int(f),
-                     "top20": [self.corpus[j]["passage_id"] or self.corpus[j]["text"][:80] for j in t[:20] if j >= 0]}
-                    for q, r, b, h, f, t in zip(self.dev, ranks, lex_ranks, at_weight, rrf_ranks, dense_i)]
+                     "top20": [corpus[j]["passage_id"] or corpus[j]["text"][:80] for j in t[:20] if j >= 0]}
+                    for q, r, b, h, f, t in zip(dev, ranks, lex_ranks, at_weight, rrf_ranks, dense_i)]
         return {"metrics": metrics, "rankings": rankings}
 
     def _warn_nan(self, q_emb, vectors: list[Vectors]) -> None:
@@ -132,13 +164,14 @@ class RetrievalEvaluation:
         extra = None
         if self.extra_tokens is not None:
             extra = Vectors(encode_texts(bare, self.extra_tokens, "passage", self.p_pad,
-                                         self.args.per_device_eval_batch_size, device),
-                            self.extra_owner if self.args.window_sentences else None)
-        bs, ranks = self.args.per_device_train_batch_size * self.accelerator.num_processes, []
-        for s in range(0, len(self.dev), bs):
-            ctxs = [c for group in self.dev_passages[s:s + bs] for c in group]
+                                         self.config.per_device_eval_batch_size, device),
+                            self.extra_owner if self.encoders.window_sentences else None)
+        bs, ranks = self.config.per_device_train_batch_size * self.accelerator.num_processes, []
+        dev, question_passages = self.data.questions, self.data.question_passages
+        for s in range(0, len(dev), bs):
+            ctxs = [c for group in question_passages[s:s + bs] for c in group]
             in_corpus, in_extra = zip(*(self.in_batch_ids[passage_key(c)] for c in ctxs))
-            rows = len(self.dev[s:s + bs])
+            rows = len(dev[s:s + bs])
             corpus_ids = np.tile([-1 if i is None else i for i in in_corpus], (rows, 1))
             scores = score_shards(q_emb[s:s + bs], vectors, corpus_ids, distributed=True)
             if extra is not None:

@@ -5,6 +5,7 @@ import json
 import os
 
 from torch import nn
+from transformers import DPRConfig, DPRContextEncoder, DPRQuestionEncoder
 
 from utils.retriever.bi_encoder import BiEncoder
 
@@ -40,8 +41,6 @@ def save_sentence_transformers_dir(encoder: nn.Module, state_dict: dict, tokeniz
 def export_dpr(encoder: nn.Module, state_dict: dict, tokenizer, directory: str, side: str) -> None:
     """transformers' DPRQuestionEncoder / DPRContextEncoder (what Haystack 1.x loads). These pool the [CLS]
     token with no projection, so only a BERT encoder trained with CLS pooling exports faithfully."""
-    from transformers import DPRConfig, DPRContextEncoder, DPRQuestionEncoder
-
     bert = encoder.config.to_dict()
     keep = {k: bert[k] for k in DPRConfig().to_dict() if k in bert and k not in ("model_type", "architectures")}
     config = DPRConfig(**keep, projection_dim=0)
