@@ -24,17 +24,18 @@ a start or end may take: context tokens and [CLS]).
 from collections import defaultdict
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from utils.numeric import logsumexp
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def decode_spans(example_ids, features_example_ids, features_offsets, start_logits, end_logits,
+def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits, end_logits,
                  n_best_size=20, max_answer_length=30, contexts=None, shared: bool = False):
     """Return {example_id: {"text", "score", "null_score", "null_minus_best", "nbest"}} for every example id.
 
-    features_* are aligned with the rows of start_logits/end_logits (float arrays, one row per window,
+    windows_* are aligned with the rows of start_logits/end_logits (float arrays, one row per window,
     possibly of different lengths); contexts maps example id -> context string. "nbest" lists the
     `n_best_size` best distinct spans over all windows, best first, as {"text", "score", "start", "end"}
     (character offsets into the context); "text"/"score" are its first entry. `shared`: the span and null scores of
@@ -42,14 +43,14 @@ def decode_spans(example_ids, features_example_ids, features_offsets, start_logi
     from each window's n best starts and ends).
     """
     windows = defaultdict(list)
-    for f, ex_id in enumerate(features_example_ids):
+    for f, ex_id in enumerate(windows_example_ids):
         windows[ex_id].append(f)
     results = {}
     for ex_id in example_ids:
         spans, null_score = {}, np.inf  # (start char, end char) -> best score of that span over the windows
         cls_s, cls_e, all_s, all_e, read = [], [], [], [], []
         for f in windows[ex_id]:
-            starts, ends, offsets = np.asarray(start_logits[f]), np.asarray(end_logits[f]), features_offsets[f]
+            starts, ends, offsets = np.asarray(start_logits[f]), np.asarray(end_logits[f]), windows_offsets[f]
             n = min(len(offsets), len(starts))
             if shared:
                 read.append((starts, ends, *_token_at(offsets, n)))
@@ -117,8 +118,6 @@ def apply_null_threshold(decoded: dict, threshold: float | None) -> dict:
 def span_logits(model, loader, gather=None, progress: str | None = None) -> tuple[list, list]:
     """fp32 start and end logits of every window (numpy rows in loader order), whatever precision the forward ran
     in. `gather` collects them across processes (evaluation under DDP); `progress` names a progress bar."""
-    from tqdm.auto import tqdm
-
     starts, ends = [], []
     for batch in tqdm(loader, desc=progress, unit="batch", disable=progress is None, dynamic_ncols=True):
         out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
@@ -128,8 +127,10 @@ def span_logits(model, loader, gather=None, progress: str | None = None) -> tupl
     return starts, ends
 
 
-def decode_examples(examples: list[dict], features, starts, ends, settings, shared: bool = False) -> dict:
-    """{example id: best span, its score, the null score, the n best spans} (see decode_spans)."""
-    return decode_spans([ex["id"] for ex in examples], features["example_id"], features["offset_mapping"],
-                        starts, ends, settings.n_best_size, settings.max_answer_length,
+def decode_examples(examples: list[dict], windows, starts, ends, decoding, shared: bool = False) -> dict:
+    """{example id: best span, its score, the null score, the n best spans} (see decode_spans). `windows`: the
+    examples' windows with their example_id and offset_mapping; `decoding`: its n_best_size and max_answer_length
+    (utils.reader.config.DecodingConfig, or the ReaderSettings a trained reader recorded them in)."""
+    return decode_spans([ex["id"] for ex in examples], windows["example_id"], windows["offset_mapping"],
+                        starts, ends, decoding.n_best_size, decoding.max_answer_length,
                         {ex["id"]: ex["context"] for ex in examples}, shared)

@@ -18,6 +18,9 @@ their log ratio, which the no-answer threshold compares.
 
 import torch
 
+from utils.loop.batching import pad_batch
+from utils.reader.decoding import MODEL_INPUTS
+
 NEG = -1e4  # a logit that never wins (fp32-safe)
 
 
@@ -43,9 +46,7 @@ def group_batch(windows: list[dict], groups: list[int], answerable: list[bool], 
     "context_start", "context_end", "starts", "ends"}) with what `shared_norm_loss` needs. A question whose answer
     sits whole in none of its windows (cut by the window length) is trained towards its no-answer, as a window
     without the answer is in the per-window loss."""
-    from utils.loop.batching import pad_batch
-
-    model_keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in windows[0]]
+    model_keys = [k for k in MODEL_INPUTS if k in windows[0]]
     batch = pad_batch([{k: w[k] for k in model_keys} for w in windows], pad_token_id)
     n, width = batch["input_ids"].shape
     positions = torch.arange(width)

@@ -22,10 +22,13 @@ import os
 from dataclasses import asdict, dataclass, fields
 
 import torch
+import transformers
+from safetensors import safe_open
 from torch.utils.data import DataLoader
+from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-from utils.loop.batching import pad_batch
 from utils.errors import UserError
+from utils.loop.batching import pad_batch
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
 from utils.reader.windows import prepare_windows
 
@@ -100,8 +103,6 @@ def check_reader_dir(path: str) -> None:
         raise UserError(f"{path}: {what}, not a reader (no config.json)")
     weights = os.path.join(path, "model.safetensors")
     if os.path.isfile(weights):
-        from safetensors import safe_open
-
         try:
             with safe_open(weights, "pt") as f:
                 keys = list(f.keys())
@@ -118,10 +119,6 @@ def load_qa_model(path: str, trained: bool = True):
     encoder: its new head is expected, and transformers' warning about it is silenced for this load only. A
     passage-selection head saved by an older version (OLD_SELECTION_HEAD) is left out, said in one log line
     instead of transformers' report of weights it does not know."""
-    import transformers
-    from safetensors import safe_open
-    from transformers import AutoModelForQuestionAnswering
-
     weights_file = os.path.join(path, "model.safetensors")
     old_head = []
     if os.path.isfile(weights_file):
@@ -158,8 +155,6 @@ class Reader:
         in fp32; default: the precision it was trained at (reader_settings.json), else "no". `sort_by_length`: batch
         windows of similar lengths (faster; the default batches them in order, as the training run's evaluation
         does, so that the logits, not only the answers, are the same)."""
-        from transformers import AutoTokenizer
-
         check_reader_dir(model_dir)
         recorded = ReaderSettings.load(model_dir)
         self.settings = recorded or ReaderSettings()  # none recorded: threshold 0
@@ -195,10 +190,10 @@ class Reader:
         """Windows, forward passes in batches of `batch_size` (padded as in evaluation), span decoding. `progress`
         names a progress bar over the windows; the no-answer rule is the one it was trained for."""
         s = self.settings
-        features = prepare_windows({k: [ex[k] for ex in examples] for k in ("id", "question", "context")},
+        windows = prepare_windows({k: [ex[k] for ex in examples] for k in ("id", "question", "context")},
                                    self.tokenizer, s.max_seq_length, s.doc_stride, s.max_query_length, labels="offsets")
-        inputs = [k for k in MODEL_INPUTS if k in features]
-        rows = [{k: features[k][i] for k in inputs} for i in range(len(features["input_ids"]))]
+        inputs = [k for k in MODEL_INPUTS if k in windows]
+        rows = [{k: windows[k][i] for k in inputs} for i in range(len(windows["input_ids"]))]
         order = list(range(len(rows)))
         if self.sort_by_length:
             order.sort(key=lambda i: -len(rows[i]["input_ids"]))
@@ -208,4 +203,4 @@ class Reader:
             outputs = span_logits(self.model, loader, progress=progress)
         position = {i: at for at, i in enumerate(order)}  # each window's place in the sorted batches
         starts, ends = ([xs[position[i]] for i in range(len(rows))] for xs in outputs)
-        return decode_examples(examples, features, starts, ends, s, shared=s.shared)
+        return decode_examples(examples, windows, starts, ends, s, shared=s.shared)
