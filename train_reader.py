@@ -33,38 +33,33 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       Use a trained reader as it was trained (its reader_settings.json: null threshold, windows): EM/F1 at
       the recorded threshold, at 0 and tuned on the file (an upper bound); predictions.json and nbest.json.
 
-Skeleton (same in train_dpr.py): setup -> data -> model -> utils.loop.run (fit, validate, publish); the task
-itself is utils/reader/reader_task.py. The output directory ends with the model and reader_settings.json (load it with
-utils.reader.Reader), predictions.json (id -> answer, "" = no answer), eval_results.json and train_log.jsonl.
+Skeleton (same in train_dpr.py): config (utils/reader/config.py) -> data (utils/reader/training_batches.py) -> model
+-> utils.loop.run (fit, validate, publish) of the task, utils/reader/reader_task.py. The output directory ends with the
+model and reader_settings.json (load it with utils.reader.Reader), predictions.json (id -> answer, "" = no answer),
+eval_results.json and train_log.jsonl.
 """
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-from torch.utils.data import DataLoader
-from transformers import AutoTokenizer
-
-from utils.loop.args import (TrainArgs, arg, check_at_least_one, check_input_files, check_max_length, check_model_dir,
-                             packaged_minilm, parse_args, precision_as_trained)
-from utils.loop.batching import LengthGroupedBatchSampler, pad_batch
 from utils.errors import UserError, exit_on_user_error
+from utils.files.squad import is_impossible
+from utils.loop.args import (TrainArgs, arg, check_input_files, check_model_dir, packaged_minilm, parse_args,
+                             precision_as_trained)
+from utils.loop.batching import pad_batch
 from utils.loop.optim import build_optimizer
 from utils.loop.process import setup
 from utils.loop.run import run
-from utils.reader.decoding import MODEL_INPUTS
-from utils.reader.evaluate_reader import evaluate_or_predict
-from utils.reader.negative_passages import with_negative_passages
-from utils.files.corpus import load_passages
-from utils.reader.squad_data import load_train_and_dev
-from utils.files.squad import is_impossible
-from utils.reader.groups import QuestionGroups
+from utils.reader.config import DataConfig, DecodingConfig, EvaluationConfig, PassagesConfig, WindowConfig
+from utils.reader.evaluate_reader import evaluate_reader
 from utils.reader.reader_task import GroupedReaderTask, ReaderTask, prepare_eval_set
+from utils.reader.squad_data import load_train_and_dev
 from utils.reader.trained import ReaderSettings, load_qa_model
-from utils.reader.windows import check_tokenizer
-from utils.reader.windows_cache import tokenize_windows
+from utils.reader.training_batches import training_batches
+from utils.reader.windows import load_tokenizer
 
 logger = logging.getLogger("qa-amp")
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
@@ -128,31 +123,15 @@ class ReaderArgs(TrainArgs):
     preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
     cache_dir: Optional[str] = arg(None, "Cache for tokenised datasets (default: ~/.cache/qa-amp).")
 
-    def use_shipped_sample(self) -> None:
-        """No data given: the offline demo on the shipped sample, with more passes (it is tiny)."""
-        if self.validation_file or self.dev_split:
-            raise UserError("--validation_file/--dev_split need a --train_file")
-        self.train_file = os.path.join(SAMPLE_DIR, "train.json")
-        self.validation_file = os.path.join(SAMPLE_DIR, "dev.json")
-        if self.num_train_epochs is None:
-            self.num_train_epochs = 8.0
+    def config(self, cls):
+        """A utils.reader.config dataclass, each field from the flag of its name: its checks run as it is built."""
+        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
 
     def validate(self):
         check_input_files(self, "train_file", "validation_file", "predict_file", "passages")
-        if self.negative_passages < 0:
-            raise UserError("--negative_passages must be >= 0")
-        if self.passages_per_question < 1:
-            raise UserError("--passages_per_question must be at least 1")
-        retrieving = self.negative_passages > 0 or self.passages_per_question > 1
-        if self.negative_passages and self.passages_per_question > 1:
-            raise UserError("--negative_passages and --passages_per_question are two ways to read retrieved passages: "
-                            "give one")
-        if retrieving and self.passages is None:
-            raise UserError(f"{'--negative_passages N' if self.negative_passages else '--passages_per_question M'} "
-                            "needs --passages (the corpus its passages come from)")
-        if not retrieving and self.passages is not None:
-            raise UserError("--passages is for --negative_passages N or --passages_per_question M (more than 1)")
+        self.config(PassagesConfig)
         check_model_dir(self.model_name_or_path, "model_name_or_path")
+        # A trained reader is read as it was trained: its recorded windows and decoding, unless a flag says otherwise
         recorded = ReaderSettings.load(self.model_name_or_path) or ReaderSettings()
         for name in ("max_seq_length", "doc_stride", "max_query_length", "n_best_size", "max_answer_length"):
             if getattr(self, name) is None:
@@ -162,103 +141,67 @@ class ReaderArgs(TrainArgs):
         if not self.do_train:
             if self.train_file or self.dataset_name or self.dev_split:
                 raise UserError("--do_train false only evaluates and predicts: drop --train_file/--dataset_name/--dev_split")
-            if not (self.validation_file or self.predict_file):
-                raise UserError("--do_train false needs --validation_file (evaluate) or --predict_file (predict)")
-            if self.validation_file and self.predict_file:
-                raise UserError("give --validation_file or --predict_file, not both: each writes predictions.json")
-            if os.path.abspath(self.output_dir) == os.path.abspath(self.model_name_or_path):
-                raise UserError("--output_dir is the model directory: give another one, the model's own "
-                                "predictions.json and eval_results.json would be overwritten")
+            self.config(EvaluationConfig)
             if self.requested_precision is None:  # use the model as trained
                 self.mixed_precision = precision_as_trained(recorded.precision)
         elif self.predict_file:
             raise UserError("--predict_file needs --do_train false (predict with a trained reader)")
-        elif self.train_file is None and self.dataset_name is None:
-            self.use_shipped_sample()
+        elif self.train_file is None and self.dataset_name is None:  # no data: the offline demo on the sample
+            if self.validation_file or self.dev_split:
+                raise UserError("--validation_file/--dev_split need a --train_file")
+            self.train_file = os.path.join(SAMPLE_DIR, "train.json")
+            self.validation_file = os.path.join(SAMPLE_DIR, "dev.json")
+            if self.num_train_epochs is None:
+                self.num_train_epochs = 8.0  # more passes: the sample is tiny
         if self.num_train_epochs is None:
             self.num_train_epochs = 2.0
-        if self.dev_split is not None:
-            if not 0 < self.dev_split < 1:
-                raise UserError(f"--dev_split must be a fraction in (0, 1) (got {self.dev_split})")
-            if self.validation_file or self.dataset_name:
-                raise UserError("--dev_split carves the dev set out of --train_file; drop --validation_file")
-        elif self.train_file and not self.validation_file and self.do_train:
-            raise UserError("give --validation_file, or --dev_split F to hold out a fraction of the train articles")
-        if self.n_best_size < 1 or self.max_answer_length < 1:
-            raise UserError("--n_best_size and --max_answer_length must be at least 1")
-        if self.max_query_length < 1 or self.max_seq_length < self.max_query_length + 16:
-            raise UserError("--max_seq_length must leave room for the context after --max_query_length")
-        if not 0 <= self.doc_stride < self.max_seq_length - self.max_query_length - 3:
-            raise UserError(f"--doc_stride ({self.doc_stride}) must be smaller than the context part of a window "
-                            f"(max_seq_length - max_query_length - 3 = {self.max_seq_length - self.max_query_length - 3})")
-        check_at_least_one(self, "preprocessing_num_workers")
+        if self.do_train:
+            self.config(DataConfig)
+        self.config(DecodingConfig)
+        self.config(WindowConfig)
         super().validate()
 
 
 @exit_on_user_error
 def main(argv=None):
-    # --- setup ---------------------------------------------------------------------------------------
+    # --- config: the flags become the small configs the code under utils/ takes ---------------------
     args = parse_args(ReaderArgs, argv)
+    window_config = args.config(WindowConfig)  # how a question and its context become windows
+    decoding_config = args.config(DecodingConfig)  # how the windows' logits become an answer
+    passage_config = args.config(PassagesConfig)  # what a training question reads besides its own paragraph
     loop = args.loop_config()  # what the shared loop takes (utils.loop.config)
     accelerator = setup(loop, training=args.do_train)
 
     # --- data ----------------------------------------------------------------------------------------
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
-    except (OSError, ValueError) as err:
-        raise UserError(f"{args.model_name_or_path}: cannot load a tokenizer ({str(err).splitlines()[0]})") from None
-    check_tokenizer(tokenizer, args.model_name_or_path)
-    check_max_length(args.model_name_or_path, tokenizer, max_seq_length=args.max_seq_length)
-    pad_to = args.max_seq_length if args.pad_to_max_length else 8
-    collate = lambda rows: pad_batch(rows, tokenizer.pad_token_id, multiple=pad_to)  # noqa: E731
+    tokenizer = load_tokenizer(args.model_name_or_path, window_config.max_seq_length)
+    # Padded per batch, not per window: to its longest window, rounded up to tensor-core friendly shapes
+    collate = lambda rows: pad_batch(rows, tokenizer.pad_token_id, multiple=window_config.pad_multiple)  # noqa: E731
     if not args.do_train:
-        return evaluate_or_predict(accelerator, args, tokenizer, collate)
-    train_examples, dev_examples = load_train_and_dev(args)
-    with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)
-    # Own generator: creating an iterator must not draw from the global RNG, or a resumed run's dropout masks would
-    # differ from an uninterrupted run's.
-    generator = torch.Generator().manual_seed(args.seed)
-    groups = None
-    if args.passages_per_question > 1:  # each question with M - 1 retrieved passages, one softmax over their windows
-        groups = QuestionGroups(accelerator, args, tokenizer, train_examples, load_passages(args.passages))
-        batch_sampler = LengthGroupedBatchSampler(groups.lengths, args.per_device_train_batch_size, args.seed,
-                                                  args.group_by_length)
-        train_loader = DataLoader(list(range(len(groups))), batch_sampler=batch_sampler, collate_fn=torch.tensor,
-                                  generator=generator)
-        windows = int(groups.row_lengths.size)
-        logger.info("train: %d questions, each with its paragraph and %d of a pool of up to %d retrieved passages "
-                    "(%d windows tokenised)", len(groups), args.passages_per_question - 1,
-                    max(len(p) for p in groups.pools), windows)
-    else:
-        train_features = tokenize_windows(accelerator, args, tokenizer, train_examples, labels="answer")
-        if len(train_features) == 0:
-            raise UserError("no training windows after tokenisation")
-        epoch_items = None
-        if args.negative_passages:  # + unanswerable windows from retrieved passages, drawn anew each epoch
-            train_features, epoch_items, pool = with_negative_passages(accelerator, args, tokenizer, train_examples,
-                                                                       train_features)
-            logger.info("train: + %d negative passages per question per epoch, from a pool of %d",
-                        args.negative_passages, pool)
-        inputs = [c for c in MODEL_INPUTS if c in train_features.column_names]
-        batch_sampler = LengthGroupedBatchSampler([len(x) for x in train_features["input_ids"]],
-                                                  args.per_device_train_batch_size, args.seed, args.group_by_length,
-                                                  epoch_items=epoch_items)
-        train_loader = DataLoader(train_features.select_columns(inputs + ["start_positions", "end_positions"]),
-                                  batch_sampler=batch_sampler, collate_fn=collate, generator=generator)
-        windows = len(train_features)
-    dev = prepare_eval_set(accelerator, args, tokenizer, dev_examples, collate)
+        return evaluate_reader(accelerator, tokenizer, collate, args.config(EvaluationConfig), window_config,
+                               decoding_config)
+    data_config = args.config(DataConfig)
+    train_examples, dev_examples = load_train_and_dev(data_config)
+    with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)  # SQuAD v2: tune a threshold
+    train = training_batches(accelerator, tokenizer, train_examples, window_config, passage_config, collate,
+                             batch_size=args.per_device_train_batch_size, group_by_length=args.group_by_length,
+                             seed=args.seed)
+    dev = prepare_eval_set(accelerator, tokenizer, dev_examples, window_config, args.per_device_eval_batch_size,
+                           collate, name=data_config.dev_name)
     logger.info("train: %d examples -> %d windows; dev: %d examples -> %d windows; SQuAD %s",
-                len(train_examples), windows, len(dev_examples), len(dev.features),
+                len(train_examples), train.windows, len(dev_examples), len(dev.windows),
                 "v2 (with unanswerable questions)" if with_no_answer else "v1.1")
 
     # --- model ---------------------------------------------------------------------------------------
     model = load_qa_model(args.model_name_or_path, trained=False)
     optimizer = build_optimizer(model, loop.optimizer, accelerator.device)
-    model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
+    model, optimizer, train_loader = accelerator.prepare(model, optimizer, train.loader)
 
     # --- fit, validate, publish ----------------------------------------------------------------------
-    task = (GroupedReaderTask(accelerator, args, tokenizer, dev, with_no_answer, groups, batch_sampler) if groups
-            else ReaderTask(accelerator, args, tokenizer, dev, with_no_answer))
+    if train.groups:  # shared normalization: batches of questions, one softmax over each one's windows
+        task = GroupedReaderTask(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config,
+                                 train.groups, train.sampler)
+    else:
+        task = ReaderTask(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config)
     run(accelerator, loop, task, model, optimizer, train_loader)
 
 

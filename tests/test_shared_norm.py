@@ -149,21 +149,20 @@ def test_a_span_held_by_several_windows_is_read_as_trained_its_probability_summe
 
 
 def test_questions_are_grouped_by_the_longest_window_they_read_in_the_epoch(tokenizer, tmp_path):
-    from types import SimpleNamespace
-
     from accelerate import Accelerator
 
-    from utils.reader.groups import QuestionGroups
     from utils.files.corpus import load_passages
     from utils.files.squad import load_squad
+    from utils.reader.config import WindowConfig
+    from utils.reader.groups import QuestionGroups
 
     examples, _ = load_squad(f"{SAMPLE}/train.json")
-    args = SimpleNamespace(passages_per_question=2, seed=0, max_seq_length=256, doc_stride=32, max_query_length=32,
-                           cache_dir=str(tmp_path), preprocessing_num_workers=None)
+    windows = WindowConfig(max_seq_length=256, doc_stride=32, max_query_length=32, cache_dir=str(tmp_path))
     passages = load_passages(f"{SAMPLE}/dpr_passages.jsonl")
-    groups = QuestionGroups(Accelerator(cpu=True), args, tokenizer, examples, passages)
+    groups = QuestionGroups(Accelerator(cpu=True), tokenizer, windows, examples, passages, passages_per_question=2,
+                            seed=0)
     for epoch in range(2):
-        want = [max(len(groups.features[r]["input_ids"]) for r in groups.rows(q, epoch)) for q in range(len(groups))]
+        want = [max(len(groups.windows[r]["input_ids"]) for r in groups.rows(q, epoch)) for q in range(len(groups))]
         assert groups.lengths(epoch).tolist() == want
     # the passages drawn change with the epoch, and so does what pads a batch of them
     assert groups.lengths(0).tolist() != groups.lengths(1).tolist()

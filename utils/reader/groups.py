@@ -4,7 +4,9 @@ each training question with its own paragraph and M - 1 of its retrieved passage
 all their passages (utils.reader.shared_norm.group_batch)."""
 
 import numpy as np
+from accelerate.utils import broadcast_object_list
 
+from utils.reader.config import WindowConfig
 from utils.reader.passages import drawn, passage_pools
 from utils.reader.shared_norm import group_batch
 from utils.reader.windows_cache import tokenize_windows
@@ -16,10 +18,12 @@ class QuestionGroups:
     are ranked once, by the main process (BM25's ranking of a large corpus is not work to repeat on every
     process), and shared with the others."""
 
-    def __init__(self, accelerator, args, tokenizer, examples: list[dict], passages: list[dict]):
-        from accelerate.utils import broadcast_object_list
-
-        self.count, self.seed, self.pad = args.passages_per_question - 1, args.seed, tokenizer.pad_token_id
+    def __init__(self, accelerator, tokenizer, window_config: WindowConfig, examples: list[dict], passages: list[dict],
+                 passages_per_question: int, seed: int):
+        """`passages`: the corpus; `passages_per_question`: the question's own paragraph and the retrieved passages
+        it reads each epoch, drawn with `seed`."""
+        self.passages_per_question, self.seed, self.pad = passages_per_question, seed, tokenizer.pad_token_id
+        self.count = passages_per_question - 1  # retrieved passages read with each question in an epoch
         # The others wait in the broadcast meanwhile, for as long as --process_group_timeout allows. Not shared out:
         # every process would hold BM25 over the whole corpus to rank its share of the questions, which multiplies
         # the memory by the processes for no gain in time.
@@ -37,10 +41,10 @@ class QuestionGroups:
                               "context": passages[entry["passage"]]["text"], "spans": [list(s) for s in entry["spans"]]})
         for i, p in enumerate(pairs):
             p["pair"] = i
-        self.features = tokenize_windows(accelerator, args, tokenizer, pairs, labels="spans")
-        pair_of_row = np.asarray(self.features["pair"], dtype=np.int64)
+        self.windows = tokenize_windows(accelerator, tokenizer, pairs, window_config, labels="spans")
+        pair_of_row = np.asarray(self.windows["pair"], dtype=np.int64)
         self.rows_start = np.searchsorted(pair_of_row, np.arange(len(pairs) + 1))  # pair p: rows_start[p:p+2]
-        self.row_lengths = np.asarray([len(x) for x in self.features["input_ids"]], dtype=np.int64)
+        self.row_lengths = np.asarray([len(x) for x in self.windows["input_ids"]], dtype=np.int64)
 
     def __len__(self):
         return len(self.first_pair)
@@ -65,8 +69,8 @@ class QuestionGroups:
             mine = self.rows(int(q), epoch)
             rows += mine
             groups += [g] * len(mine)
-        windows = self.features.select(rows).to_list()
-        return group_batch(windows, groups, [self.answerable[int(q)] for q in questions], self.pad)
+        answerable = [self.answerable[int(q)] for q in questions]
+        return group_batch(self.windows.select(rows).to_list(), groups, answerable, self.pad)
 
     def tokens(self, questions, epoch: int) -> int:
         return int(sum(self.row_lengths[self.rows(int(q), epoch)].sum() for q in questions))

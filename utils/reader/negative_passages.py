@@ -8,10 +8,13 @@ passages (BM25's), and every epoch draws `count` of them anew: a pure function o
 resumed run draws what the interrupted one would have.
 """
 
+import datasets
 import numpy as np
 
-from utils.reader.passages import ranked_passages
 from utils.files.answers import answer_patterns, holds_answer, normalized
+from utils.reader.config import WindowConfig
+from utils.reader.passages import ranked_passages
+from utils.reader.windows_cache import tokenize_windows
 
 POOL_PER_NEGATIVE = 4  # a question's pool: this many candidates per negative drawn each epoch
 
@@ -51,21 +54,15 @@ def epoch_negatives(pools: list[list[int]], count: int, first: int, seed: int):
     return draw
 
 
-def with_negative_passages(accelerator, args, tokenizer, train_examples, train_features):
-    """(training windows, epoch -> window indices): the training windows followed by one unanswerable window per
-    pool passage, and each epoch's choice (every real window, `args.negative_passages` drawn per question)."""
-    import datasets
-
-    from utils.reader.windows_cache import tokenize_windows
-    from utils.files.corpus import load_passages
-
-    passages = load_passages(args.passages)
-    pools = negative_pools(train_examples, passages, args.negative_passages)
-    negatives = tokenize_windows(accelerator, args, tokenizer, negative_examples(train_examples, passages, pools),
+def with_negative_passages(accelerator, tokenizer, window_config: WindowConfig, examples: list[dict],
+                           windows: datasets.Dataset, passages: list[dict], count: int, seed: int):
+    """(training windows, epoch -> window indices, pool size): `windows` (those of `examples`) followed by one
+    unanswerable window per pool passage of `passages` (the corpus), and each epoch's choice (every real window,
+    `count` negatives drawn per question with `seed`)."""
+    pools = negative_pools(examples, passages, count)
+    negatives = tokenize_windows(accelerator, tokenizer, negative_examples(examples, passages, pools), window_config,
                                  labels="answer", one_window=True)
-    columns = [c for c in train_features.column_names if c in negatives.column_names]
-    features = datasets.concatenate_datasets([train_features.select_columns(columns),
-                                              negatives.select_columns(columns)])
-    real, draw = np.arange(len(train_features)), epoch_negatives(pools, args.negative_passages,
-                                                                 len(train_features), args.seed)
-    return features, lambda epoch: np.concatenate([real, draw(epoch)]), sum(len(p) for p in pools)
+    columns = [c for c in windows.column_names if c in negatives.column_names]
+    together = datasets.concatenate_datasets([windows.select_columns(columns), negatives.select_columns(columns)])
+    real, draw = np.arange(len(windows)), epoch_negatives(pools, count, len(windows), seed)
+    return together, lambda epoch: np.concatenate([real, draw(epoch)]), sum(len(p) for p in pools)

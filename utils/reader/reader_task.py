@@ -6,13 +6,16 @@ import os
 from dataclasses import dataclass
 
 import torch.nn.functional as F
+from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader
 
-from utils.loop.checkpoints import load_weights
 from utils.errors import UserError
 from utils.files.jsonfiles import write_json
+from utils.loop.checkpoints import load_weights
 from utils.loop.task import Task
+from utils.reader.config import DecodingConfig, WindowConfig
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
+from utils.reader.groups import QuestionGroups
 from utils.reader.metrics import best_null_threshold, squad_metrics
 from utils.reader.shared_norm import shared_norm_loss
 from utils.reader.trained import ReaderSettings, fingerprint
@@ -25,33 +28,41 @@ class EvalSet:
     windows in order."""
 
     examples: list[dict]
-    features: object  # datasets.Dataset with example_id and offset_mapping
+    windows: object  # datasets.Dataset with example_id and offset_mapping
     loader: DataLoader
+    name: str | None = None  # the examples in words, recorded with a null threshold tuned on them
 
 
-def prepare_eval_set(accelerator, args, tokenizer, examples, collate) -> EvalSet:
-    features = tokenize_windows(accelerator, args, tokenizer, examples, labels="offsets")
-    if len(features) == 0:
+def prepare_eval_set(accelerator, tokenizer, examples: list[dict], window_config: WindowConfig, batch_size: int,
+                     collate, name: str | None = None) -> EvalSet:
+    """`examples` in windows, and a loader over them of `batch_size` windows per process, in order."""
+    windows = tokenize_windows(accelerator, tokenizer, examples, window_config, labels="offsets")
+    if len(windows) == 0:
         raise UserError("no evaluation windows after tokenisation")
-    inputs = [c for c in MODEL_INPUTS if c in features.column_names]
-    loader = DataLoader(features.select_columns(inputs), batch_size=args.per_device_eval_batch_size, collate_fn=collate)
-    return EvalSet(examples, features, accelerator.prepare(loader))
+    inputs = [c for c in MODEL_INPUTS if c in windows.column_names]
+    loader = DataLoader(windows.select_columns(inputs), batch_size=batch_size, collate_fn=collate)
+    return EvalSet(examples, windows, accelerator.prepare(loader), name)
 
 
 class ReaderTask(Task):
     tracker_project = "qa-amp-reader"
     samples_name = "windows"
+    passages_per_question = 1  # a paragraph at a time, each window its own softmax
 
-    def __init__(self, accelerator, args, tokenizer, dev: EvalSet, with_no_answer, recorded: ReaderSettings | None = None):
-        """`recorded`: the settings of a trained reader being evaluated as it is; its threshold is then the one
-        predictions use (and `recorded_*` metrics report), next to threshold 0 and the threshold tuned on `dev`."""
-        self.accelerator, self.args, self.tokenizer = accelerator, args, tokenizer
+    def __init__(self, accelerator, tokenizer, dev: EvalSet, with_no_answer: bool, window_config: WindowConfig,
+                 decoding_config: DecodingConfig, recorded: ReaderSettings | None = None):
+        """`with_no_answer`: the data holds unanswerable questions (SQuAD v2), so a null threshold is tuned.
+        `window_config`: the windows `dev` was cut into, recorded with the weights. `recorded`: the settings of a
+        trained reader being evaluated as it is; its threshold is then the one predictions use (and `recorded_*`
+        metrics report), next to threshold 0 and the threshold tuned on `dev`."""
+        self.accelerator, self.tokenizer = accelerator, tokenizer
+        self.window_config, self.decoding_config = window_config, decoding_config
         self.dev, self.with_no_answer, self.recorded = dev, with_no_answer, recorded
         self.null_threshold = None  # of the latest evaluation: what the weights saved next answer with
         self.dev_fingerprint = fingerprint(dev.examples)
         # the no-answer rule: a reader trained with shared normalization (or being evaluated as one) has one per
         # question, over all its windows (utils.reader.decoding)
-        self.shared = recorded.shared if recorded is not None else getattr(args, "passages_per_question", 1) > 1
+        self.shared = recorded.shared if recorded is not None else self.passages_per_question > 1
 
     @property
     def metric_directions(self) -> dict[str, str]:
@@ -79,7 +90,8 @@ class ReaderTask(Task):
         acc = self.accelerator
         gather = lambda t: acc.gather_for_metrics(acc.pad_across_processes(t, dim=1, pad_index=-1e4))  # noqa: E731
         starts, ends = span_logits(model, eval_set.loader, gather)
-        return decode_examples(eval_set.examples, eval_set.features, starts, ends, self.args, shared=self.shared)
+        return decode_examples(eval_set.examples, eval_set.windows, starts, ends, self.decoding_config,
+                               shared=self.shared)
 
     def evaluate(self, model) -> dict:
         decoded = self.spans(model, self.dev)
@@ -114,15 +126,13 @@ class ReaderTask(Task):
         none, i.e. always answer, for v1.1), the one its predictions.json used."""
         model.save_pretrained(directory, state_dict=state_dict)
         self.tokenizer.save_pretrained(directory)
-        a = self.args
         tuned_on = None if self.null_threshold is None else {
-            "data": a.validation_file or (f"{a.train_file} (--dev_split {a.dev_split})" if a.dev_split
-                                          else f"{a.dataset_name} validation"),
-            "questions": len(self.dev.examples), "fingerprint": self.dev_fingerprint}
-        ReaderSettings(a.max_seq_length, a.doc_stride, a.max_query_length, a.n_best_size, a.max_answer_length,
+            "data": self.dev.name, "questions": len(self.dev.examples), "fingerprint": self.dev_fingerprint}
+        w, d = self.window_config, self.decoding_config
+        ReaderSettings(w.max_seq_length, w.doc_stride, w.max_query_length, d.n_best_size, d.max_answer_length,
                        self.null_threshold, tuned_on, precision=self.accelerator.mixed_precision,
                        normalization="question" if self.shared else "window",
-                       passages_per_question=a.passages_per_question).save(directory)
+                       passages_per_question=self.passages_per_question).save(directory)
 
     def write_outputs(self, directory, result):
         write_json(self.accelerator, os.path.join(directory, "predictions.json"), result["predictions"])
@@ -144,13 +154,13 @@ class GroupedReaderTask(ReaderTask):
 
     samples_name = "questions"
 
-    def __init__(self, accelerator, args, tokenizer, dev, with_no_answer, groups, sampler):
-        super().__init__(accelerator, args, tokenizer, dev, with_no_answer)
+    def __init__(self, accelerator, tokenizer, dev: EvalSet, with_no_answer: bool, window_config: WindowConfig,
+                 decoding_config: DecodingConfig, groups: QuestionGroups, sampler):
+        self.passages_per_question = groups.passages_per_question  # > 1: read (and recorded) with one softmax
+        super().__init__(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config)
         self.groups, self.sampler = groups, sampler  # the sampler knows the epoch (the loop sets it)
 
     def model_inputs(self, batch):
-        from accelerate.utils import send_to_device
-
         return send_to_device(self.groups.batch(batch.tolist(), self.sampler.epoch), self.accelerator.device)
 
     def compute_loss(self, model, batch):

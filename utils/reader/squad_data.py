@@ -5,8 +5,11 @@ import logging
 import random
 from collections import defaultdict
 
+import datasets
+
 from utils.errors import UserError
 from utils.files.squad import load_squad
+from utils.reader.config import DataConfig
 
 logger = logging.getLogger("qa-amp")
 
@@ -27,26 +30,26 @@ def split_by_article(examples: list[dict], dev_fraction: float, seed: int) -> tu
     return train, dev
 
 
-def load_train_and_dev(args) -> tuple[list[dict], list[dict]]:
-    """train_reader.py's training and dev examples: from the hub (--dataset_name), or from --train_file and
-    --validation_file (or the train file's articles split by --dev_split), cut to --max_train/eval_samples."""
-    if args.dataset_name:  # hub datasets already use the flattened layout
-        import datasets
-        hub = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
+def load_train_and_dev(data_config: DataConfig) -> tuple[list[dict], list[dict]]:
+    """train_reader.py's training and dev examples: from the hub (dataset_name), or from train_file and
+    validation_file (or the train file's articles split by dev_split), cut to max_train/eval_samples."""
+    c = data_config
+    if c.dataset_name:  # hub datasets already use the flattened layout
+        hub = datasets.load_dataset(c.dataset_name, c.dataset_config_name)
         train, dev = list(hub["train"]), list(hub["validation"])
         for ex in train + dev:
             ex["answers"] = {"text": list(ex["answers"]["text"]), "answer_start": list(ex["answers"]["answer_start"])}
     else:
-        train, repaired = load_squad(args.train_file)
-        if args.dev_split:
-            train, dev = split_by_article(train, args.dev_split, args.seed)
+        train, repaired = load_squad(c.train_file)
+        if c.dev_split:
+            train, dev = split_by_article(train, c.dev_split, c.seed)
         else:
-            dev, repaired_dev = load_squad(args.validation_file)
+            dev, repaired_dev = load_squad(c.validation_file)
             repaired += repaired_dev
         if repaired:
             logger.warning("repaired %d answer offsets that did not point at their answer text", repaired)
-    if args.max_train_samples:
-        train = train[: args.max_train_samples]
-    if args.max_eval_samples:
-        dev = dev[: args.max_eval_samples]
+    if c.max_train_samples:
+        train = train[: c.max_train_samples]
+    if c.max_eval_samples:
+        dev = dev[: c.max_eval_samples]
     return train, dev

@@ -7,12 +7,29 @@ unanswerable question, is labelled with the [CLS] position (index 0), the "no an
 Evaluation windows keep the character offsets of context tokens (None elsewhere) so spans decode back to text.
 """
 
+from transformers import AutoTokenizer
+
 from utils.errors import UserError
+from utils.loop.args import check_max_length
 
 LABELS = ("answer", "spans", "offsets")  # what a window carries: see prepare_windows
 
 
+def load_tokenizer(model_name_or_path: str, max_seq_length: int):
+    """The model's tokenizer, checked to cut windows (check_tokenizer) of `max_seq_length` tokens, which the model
+    must be able to take: a one-line UserError otherwise."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{model_name_or_path}: cannot load a tokenizer ({str(err).splitlines()[0]})") from None
+    check_tokenizer(tokenizer, model_name_or_path)
+    check_max_length(model_name_or_path, tokenizer, max_seq_length=max_seq_length)
+    return tokenizer
+
+
 def check_tokenizer(tokenizer, name: str) -> None:
+    """Span extraction maps tokens back to characters (a fast tokenizer's offsets) and finds a window's [CLS] at
+    position 0 (right padding)."""
     if not tokenizer.is_fast:
         raise UserError(f"{name}: the tokenizer is not a fast (Rust) tokenizer; span extraction needs offset mapping")
     if tokenizer.padding_side != "right":

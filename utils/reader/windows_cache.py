@@ -7,19 +7,22 @@ import os
 
 import datasets
 
+from utils.reader.config import WindowConfig
 from utils.reader.windows import prepare_windows
 
 datasets.disable_progress_bars()  # one bar per tokenisation pass and cache load: noise, not information
 
 
-def tokenize_windows(accelerator, args, tokenizer, examples, labels: str, one_window: bool = False):
+def tokenize_windows(accelerator, tokenizer, examples: list[dict], window_config: WindowConfig, labels: str,
+                     one_window: bool = False) -> datasets.Dataset:
     """`examples` through utils.reader.windows.prepare_windows (`labels`, `one_window`: what the windows carry, and
-    whether only each example's first) at the run's window settings, cached (see cached_map)."""
+    whether only each example's first) at `window_config`'s settings, cached (see cached_map)."""
     vocab = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
-    settings = dict(max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
-                    max_query_length=args.max_query_length, labels=labels, one_window=one_window)
+    c = window_config
+    settings = dict(max_seq_length=c.max_seq_length, doc_stride=c.doc_stride, max_query_length=c.max_query_length,
+                    labels=labels, one_window=one_window)
     return cached_map(accelerator, examples, prepare_windows, dict(tokenizer=tokenizer, **settings),
-                      dict(vocab=vocab, **settings), args.cache_dir, args.preprocessing_num_workers)
+                      dict(vocab=vocab, **settings), c.cache_dir, c.preprocessing_num_workers)
 
 
 def cached_map(accelerator, examples: list[dict], fn, fn_kwargs: dict, key_parts: dict, cache_dir: str | None,
