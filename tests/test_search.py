@@ -13,8 +13,10 @@ import torch
 from conftest import ROOT
 from tolerance import assert_ranks_within, assert_top_k_of
 
-from utils.search.exact import Vectors, score_passages, top_k
+from utils.search.exact import gold_scores, score_passages, top_k
+from utils.search.kbest import KBest, passing
 from utils.search.shards import shard
+from utils.search.vectors import Vectors
 
 
 def data(seed, cosine, windows, n_passages=300, n_queries=50, dim=16):
@@ -81,8 +83,6 @@ def test_a_nan_window_is_dropped_whatever_the_blocks():
     """One rule in every path: a NaN window scores -inf before its passage takes its best window, so the passage
     scores by its other windows, whether it lies in the first block or a later one, and in gold_scores and
     score_passages alike."""
-    from utils.search.exact import gold_scores
-
     q, emb, owner = data(5, cosine=True, windows=True, n_passages=60)
     bad = int(np.flatnonzero(np.bincount(owner) >= 2)[0])  # a passage with several windows
     emb[np.flatnonzero(owner == bad)[0]] = np.nan
@@ -102,8 +102,6 @@ def test_a_nan_window_is_dropped_whatever_the_blocks():
 def test_entries_waiting_for_a_merge_give_the_k_best_of_merging_every_block():
     """KBest merges what passed the cut only every `merge_at` entries, under a floor that may be stale: the same k
     best (ties to the smaller id) as merging after every block, with rounded scores so that ties are many."""
-    from utils.search.kbest import KBest
-
     rng = np.random.default_rng(6)
     scores = torch.from_numpy(np.round(rng.standard_normal((30, 2000)), 1).astype(np.float32))
     want = np.lexsort((np.arange(2000)[None].repeat(30, 0), -scores.numpy()), axis=1)[:, :15]
@@ -121,8 +119,6 @@ def test_entries_waiting_for_a_merge_give_the_k_best_of_merging_every_block():
 def test_scores_passing_a_cut_are_found_run_by_run_as_score_by_score(width):
     """`passing` checks runs of columns by their maximum first: the same (row, column) pairs, grouped by row and in
     column order, as comparing every score (with a tail shorter than a run, and rows whose cut nothing reaches)."""
-    from utils.search.kbest import passing
-
     rng = np.random.default_rng(7)
     scores = torch.from_numpy(np.round(rng.standard_normal((40, width)), 1).astype(np.float32))
     scores[3] = float("-inf")
@@ -144,8 +140,9 @@ WORKER = textwrap.dedent("""
     import numpy as np, torch, torch.distributed as dist
     from test_search import data, reference
     from tolerance import assert_ranks_within, assert_top_k_of
-    from utils.search.exact import Vectors, score_passages, top_k
+    from utils.search.exact import score_passages, top_k
     from utils.search.shards import max_scores, merged_top_k, shard, summed_counts
+    from utils.search.vectors import Vectors
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     for cosine in (False, True):

@@ -3,20 +3,23 @@
 Questions are scored against the passage embeddings block by block, on the device that holds the queries, and
 only each question's k best passages are kept: memory is one block of scores plus k results per question, never
 the questions x corpus matrix (21M passages x 6,515 questions would be half a terabyte in float32). A passage cut
-into sentence windows scores as its best window (MaxP); blocks end on passage boundaries, so that is exact too.
+into sentence windows scores as its best window (MaxP, utils.search.best_window); blocks end on passage boundaries
+(utils.search.vectors), so that is exact too. Where bf16 products are fast, a bf16 prefilter skips the queries a
+block cannot change (utils.search.bf16_prefilter): the fp32 scores still decide every result.
 Under several processes each one holds a contiguous shard of the passages and searches it; `dense_search` merges
 the per-process results (utils.search.shards): the same result as one process, ties aside (the k best are kept
 by utils.search.kbest's keys). Ties and NaN follow the project's one rank rule (utils.search.ranking):
 NaN scores rank last, and `count_at_least` counts ties against the passage being ranked.
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
-from utils.search.kbest import KBest, passing
+from utils.search.best_window import add_windows, passage_scores
+from utils.search.bf16_prefilter import bf16_prefilter_available, may_reach
+from utils.search.kbest import KBest
 from utils.search.shards import max_scores, merge_columns, merged_top_k, summed_counts
+from utils.search.vectors import Vectors, blocks, vector_blocks
 
 
 # Queries scored together: each block of vectors is read once per this many queries, and a block's scores
@@ -24,89 +27,6 @@ from utils.search.shards import max_scores, merge_columns, merged_top_k, summed_
 # reused from block to block instead of being mapped and faulted in afresh each time.
 QUERY_BLOCK = 4096
 BLOCK_ROWS = 1024  # vectors per block
-
-
-@dataclass
-class Vectors:
-    """Embeddings of passages, or of this process's shard of them. Rows are the passages themselves or, with
-    `owner`, their sentence windows in passage order (owner[row] = the local passage, non-decreasing). `offset` is
-    the global id of local passage 0. `embeddings` may be a numpy memmap (float16 or float32)."""
-
-    embeddings: object  # (rows, dim): np.ndarray (memmap) or torch.Tensor
-    owner: np.ndarray | None = None
-    count: int | None = None  # passages; default: one per row
-    offset: int = 0
-
-    def __post_init__(self):
-        rows = len(self.embeddings)
-        if self.count is None:
-            self.count = int(self.owner[-1]) + 1 if self.owner is not None and rows else rows
-        if self.owner is None:
-            self.starts = np.arange(self.count + 1, dtype=np.int64)
-        else:
-            self.starts = np.searchsorted(self.owner, np.arange(self.count + 1)).astype(np.int64)
-        if self.starts[-1] != rows:
-            raise ValueError(f"{rows} embedding rows but the owners account for {self.starts[-1]}")
-
-    def rows(self, first: int, last: int, device) -> torch.Tensor:
-        """Embedding rows first:last as float32 on `device`."""
-        return self._tensor(self.embeddings[first:last], device)
-
-    def take(self, rows: np.ndarray, device) -> torch.Tensor:
-        """The given embedding rows as float32 on `device`."""
-        if isinstance(self.embeddings, torch.Tensor):
-            return self._tensor(self.embeddings[torch.as_tensor(rows)], device)
-        return self._tensor(self.embeddings[rows], device)
-
-    @staticmethod
-    def _tensor(block, device) -> torch.Tensor:
-        if not isinstance(block, torch.Tensor):
-            block = np.asarray(block)
-            if not block.flags.writeable:  # a read-only memory map (a saved index): torch wants memory it may write
-                block = block.astype(np.float32)
-            block = torch.from_numpy(block)
-        return block.to(device=device, dtype=torch.float32)
-
-
-def _blocks(vectors: Vectors, block_rows: int):
-    """(first passage, last passage) ranges of about block_rows rows each, cut on passage boundaries."""
-    first = 0
-    while first < vectors.count:
-        last = int(np.searchsorted(vectors.starts, vectors.starts[first] + block_rows, side="right")) - 1
-        last = min(max(last, first + 1), vectors.count)
-        yield first, last
-        first = last
-
-
-def _vector_blocks(vectors: Vectors, block_rows: int, device):
-    """(first passage, last passage, their vectors as float32 on `device`) block by block (`_blocks`)."""
-    for first, last in _blocks(vectors, block_rows):
-        yield first, last, vectors.rows(vectors.starts[first], vectors.starts[last], device)
-
-
-def _passage_scores(scores: torch.Tensor, vectors: Vectors, first: int, last: int) -> torch.Tensor:
-    """Window scores (queries x rows of passages first:last) -> passage scores (their best window)."""
-    if vectors.owner is not None and vectors.starts[last] - vectors.starts[first] != last - first:
-        local = vectors.starts[first:last] - vectors.starts[first]
-        if scores.device.type == "cpu":  # numpy's segment max: one pass, no index tensor
-            scores = torch.from_numpy(np.maximum.reduceat(scores.numpy(), local, axis=1))
-        else:
-            owner = torch.as_tensor(np.asarray(vectors.owner[vectors.starts[first]:vectors.starts[last]], np.int64) - first,
-                                    device=scores.device)
-            best = scores.new_full((len(scores), last - first), float("-inf"))
-            scores = best.scatter_reduce_(1, owner.expand(len(scores), -1), scores, reduce="amax")
-    return scores
-
-
-# |bf16 score - fp32 score| <= BF16_ERROR x |q| x |w|: inputs rounded to bf16 (2 x 2^-8 for a product), the fp32
-# accumulation of 384-1024 products (< 1e-4) and the bf16 output (2^-8), with a margin.
-BF16_ERROR = 0.0120
-
-
-def bf16_prefilter_available(device) -> bool:
-    """A bf16 product is only worth it where the hardware has it (AVX512-BF16/AMX CPUs). On CUDA fp32 is fast and
-    cuBLAS may reduce bf16 products in bf16, which the error bound does not cover."""
-    return device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def _exact_scores(q: torch.Tensor, w: torch.Tensor, vectors: Vectors, first: int, last: int,
@@ -118,25 +38,8 @@ def _exact_scores(q: torch.Tensor, w: torch.Tensor, vectors: Vectors, first: int
     if torch.isnan(scores.amax(1)).any():  # a NaN embedding (amax propagates NaN: one check per block)
         scores = torch.nan_to_num(scores, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     if per_passage:
-        scores = _passage_scores(scores, vectors, first, last)
+        scores = passage_scores(scores, vectors, first, last)
     return scores
-
-
-def _add_windows(best: "KBest", scores: torch.Tensor, rows: torch.Tensor, vectors: Vectors, first: int) -> None:
-    """MaxP without a segment max over the whole block: a passage can only enter the k best through a window at
-    or above the cut, and then its score is the best of those windows. So cut the window scores, and take the
-    best window of each passage among the few that pass (its windows are consecutive in a row)."""
-    r, c = passing(scores, best.floor[rows])
-    if not len(r):
-        return
-    base = int(vectors.starts[first])
-    passage = torch.from_numpy(np.asarray(vectors.owner[base + c.cpu().numpy()], dtype=np.int64)).to(r.device)
-    new = torch.ones(len(r), dtype=torch.bool, device=r.device)
-    new[1:] = (r[1:] != r[:-1]) | (passage[1:] != passage[:-1])
-    group = new.cumsum(0) - 1
-    vals = torch.full((int(group[-1]) + 1,), float("-inf"), device=r.device).scatter_reduce_(
-        0, group, scores[r, c], reduce="amax")
-    best.add_entries(rows[r[new]], passage[new] + vectors.offset, vals)
 
 
 def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, exclude=None, block_rows: int | None = None,
@@ -149,8 +52,9 @@ def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, excl
     (utils.search.ranking's rule). Blocks of about `block_rows` vectors, queries `query_block` at a time.
 
     Exact in fp32 whatever the hardware. Two searches: `_k_best` (the k best alone: where bf16 products are fast
-    it may skip, per block, the queries that cannot gain from it, `prefilter`) and `_k_best_and_counts` (with
-    thresholds: every product in fp32, the very products `gold_scores` computed the thresholds with)."""
+    it may skip, per block, the queries that cannot gain from it, `prefilter`: utils.search.bf16_prefilter) and
+    `_k_best_and_counts` (with thresholds: every product in fp32, the very products `gold_scores` computed the
+    thresholds with)."""
     device = queries.device
     k = min(k, vectors.count)
     if prefilter and thresholds is not None:
@@ -179,31 +83,23 @@ def top_k(queries: torch.Tensor, vectors: Vectors, k: int, thresholds=None, excl
 
 def _k_best(q: torch.Tensor, vectors: Vectors, k: int, block_rows: int, prefilter: bool) -> KBest:
     """The k best passages of every query of q, block by block. After the first block (which sets each query's
-    cut), a block with sentence windows takes only the windows at or above the cut (`_add_windows`), and with
+    cut), a block with sentence windows takes only the windows at or above the cut (utils.search.best_window), and with
     `prefilter` only the queries whose bf16 best of the block could reach their cut are scored in fp32."""
     best = KBest(len(q), k, q.device)
     every = torch.arange(len(q), device=q.device)
     q_b, q_norm = (q.bfloat16(), q.norm(dim=1)) if prefilter else (None, None)
-    for first, last, w in _vector_blocks(vectors, block_rows, q.device):
+    for first, last, w in vector_blocks(vectors, block_rows, q.device):
         rows = every
         if prefilter and best.started:
-            rows = _may_reach(q_b, q_norm, w, best.floor)
+            rows = may_reach(q_b, q_norm, w, best.floor)
             if not len(rows):
                 continue
         q_rows = q if len(rows) == len(q) else q[rows]
         if vectors.owner is not None and best.started:
-            _add_windows(best, _exact_scores(q_rows, w, vectors, first, last, per_passage=False), rows, vectors, first)
+            add_windows(best, _exact_scores(q_rows, w, vectors, first, last, per_passage=False), rows, vectors, first)
         else:
             best.add(_exact_scores(q_rows, w, vectors, first, last), rows, first + vectors.offset)
     return best
-
-
-def _may_reach(q_b: torch.Tensor, q_norm: torch.Tensor, w: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
-    """The queries (rows of q_b, q in bf16) whose best bf16 score of the block w could, within the bf16 error
-    bound, reach their cut; a NaN keeps its query (it is ranked in fp32)."""
-    approx = (q_b @ w.bfloat16().T).amax(1).float()
-    reach = approx + BF16_ERROR * q_norm * w.norm(dim=1).max()
-    return torch.nonzero((reach >= cut) | torch.isnan(approx), as_tuple=True)[0]
 
 
 def _k_best_and_counts(q: torch.Tensor, vectors: Vectors, k: int, limit: torch.Tensor, skip: torch.Tensor | None,
@@ -213,7 +109,7 @@ def _k_best_and_counts(q: torch.Tensor, vectors: Vectors, k: int, limit: torch.T
     best = KBest(len(q), k, q.device)
     every = torch.arange(len(q), device=q.device)
     counts = torch.zeros(len(q), dtype=torch.long, device=q.device)
-    for first, last, w in _vector_blocks(vectors, block_rows, q.device):
+    for first, last, w in vector_blocks(vectors, block_rows, q.device):
         scores = _exact_scores(q, w, vectors, first, last)
         above = scores >= limit[:, None]
         if skip is not None:  # the excluded passages of this block
@@ -239,7 +135,7 @@ def gold_scores(queries: torch.Tensor, vectors: Vectors, gold_ids: np.ndarray, b
         if not mine.any():
             continue
         q = queries[q0:q0 + query_block].float()
-        for first, last in _blocks(vectors, block_rows):
+        for first, last in blocks(vectors, block_rows):
             inside = mine & (gold >= first) & (gold < last)
             if not inside.any():
                 continue
