@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from utils.search.bm25 import BM25
+from utils.search.bm25 import BM25, k_best
 from utils.search.fusion import (Candidates, convex_fusion, cross_fitted_ranks, fused_gold_ranks,
                                     reciprocal_rank_fusion, tune_dense_weight, union)
 
@@ -100,8 +100,6 @@ def test_bm25_ties_go_to_the_smaller_id_whatever_k():
 
 
 def test_k_best_is_the_one_tie_rule():
-    from utils.search.bm25 import k_best
-
     rng = np.random.default_rng(0)
     for _ in range(300):
         s = rng.integers(0, 4, int(rng.integers(1, 60))).astype(np.float32)

@@ -1,7 +1,7 @@
 """BM25 over a passage corpus (the bm25s library): the lexical baseline a dense retriever has to beat, and the lexical
 half of the hybrids (utils.search.fusion).
 
-The converter (utils.retriever.make_dpr_data) mines hard negatives with it and the DPR evaluation reports it beside the
+The converter (make_dpr_data.py) mines hard negatives with it and the DPR evaluation reports it beside the
 dense ranking, with the same tokenisation: passages as "title text", English stopwords removed, words reduced to
 their Snowball (Porter 2) stems, as Lucene/Pyserini's English BM25 does: without stems "drives" never matches
 "driving" (docs/RESULTS.md compares the two on the shared data).
@@ -13,6 +13,8 @@ import bm25s
 import numpy as np
 import Stemmer
 
+from utils.errors import UserError
+
 logging.getLogger("bm25s").setLevel(logging.INFO)  # bm25s sets its own logger to DEBUG: a line per index built
 
 
@@ -21,8 +23,6 @@ class BM25:
 
     def __init__(self, passages: list[dict]):
         if not passages:
-            from utils.errors import UserError
-
             raise UserError("BM25 needs at least one passage")
         self.size = len(passages)
         self.retriever = bm25s.BM25()
@@ -33,8 +33,6 @@ class BM25:
 
     @classmethod
     def load(cls, directory: str, size: int) -> "BM25":
-        from utils.errors import UserError
-
         out = cls.__new__(cls)
         try:
             out.retriever = bm25s.BM25.load(directory)
