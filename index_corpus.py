@@ -28,7 +28,7 @@ from typing import Literal, Optional
 from utils.loop.args import arg, check_at_least_one, check_input_files, parse_args, process_group_timeout_arg
 from utils.errors import UserError, exit_on_user_error
 from utils.loop.process import finish, make_accelerator, peak_memory_mb
-from utils.search.index_writer import build_index
+from utils.retriever.index_writer import build_index
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
 
@@ -68,7 +68,7 @@ def main(argv=None):
     device = "cuda" if accelerator.device.type == "cuda" else "cpu"
     retriever = Retriever(args.retriever, device=device, batch_size=args.batch_size, precision=args.mixed_precision)
 
-    # --- data, embed, finish: utils/search/index_writer.py (the corpus checked before anything is written) --
+    # --- data, embed, finish: utils/retriever/index_writer.py (the corpus checked before anything is written) --
     meta = build_index(accelerator, retriever, args.passages, args.output_dir, args.dtype, args.chunk_passages,
                        args.bm25, args.overwrite_output_dir)
     seconds = meta.get("seconds", 0.0)

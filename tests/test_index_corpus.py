@@ -12,12 +12,18 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import ROOT, SAMPLE, assert_user_error, run_script
 from test_distributed import run_ddp
+from test_retriever_api import a_users_project
 from tolerance import assert_ranked_alike
+from utils.retriever.retriever import Retriever
+from utils.search.exact import search_shards, top_k
+from utils.search.faiss_index import build_faiss, faiss_top_k
 from utils.search.index import Index
-from utils.search.exact import Vectors, search_shards
+from utils.search.shards import merge_columns
+from utils.search.vectors import Vectors
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the 2-process runs' threads: the same arithmetic in both
 
@@ -53,22 +59,19 @@ def test_two_processes_build_what_one_builds_and_each_searches_its_shards(retrie
     (a, owner_a, ia), (b, owner_b, ib) = vectors_of(one), vectors_of(two)
     assert len(ib.shards) == 2 and ib.shards[1].offset == 16  # chunks 0-3 of 4 passages, then chunks 4-8
     assert np.array_equal(a, b) and np.array_equal(owner_a, owner_b)  # vector for vector
-    assert ia.search(QUESTIONS, k=5) == ib.search(QUESTIONS, k=5)
+    searcher = Retriever(retriever, device="cpu")
+    assert searcher.search(ia, QUESTIONS, k=5) == searcher.search(ib, QUESTIONS, k=5)
     assert [p["passage_id"] for p in ia.passages] == [json.loads(line)["passage_id"]
                                                     for line in open(f"{SAMPLE}/dpr_passages.jsonl")]
     # the same ranking as the Retriever API embedding the corpus in memory (other batches: within float rounding)
-    from utils.retriever.retriever import Retriever
-
-    memory = Retriever(retriever, device="cpu").index(f"{SAMPLE}/dpr_passages.jsonl", bm25=False, progress=False)
+    memory = searcher.index(f"{SAMPLE}/dpr_passages.jsonl", bm25=False, progress=False)
     np.testing.assert_allclose(np.asarray(memory.shards[0].embeddings), a, rtol=1e-4, atol=1e-5)
-    assert_ranked_alike([[(h["passage_id"], h["score"]) for h in r] for r in memory.search(QUESTIONS, k=5)],
-                        [[(h["passage_id"], h["score"]) for h in r] for r in ia.search(QUESTIONS, k=5)])
+    assert_ranked_alike([[(h["passage_id"], h["score"]) for h in r] for r in searcher.search(memory, QUESTIONS, k=5)],
+                        [[(h["passage_id"], h["score"]) for h in r] for r in searcher.search(ia, QUESTIONS, k=5)])
     # a question set searched shard by shard, as each process searches its own: the same as all at once
-    q = ia.retriever.encode_questions(QUESTIONS)
+    q = searcher.encode_questions(QUESTIONS)
     whole = search_shards(q, ia.shards, 10)
     parts = [search_shards(q, [v], 10) for v in ib.shards]
-    from utils.search.shards import merge_columns
-
     merged = merge_columns([p[0] for p in parts], [p[1] for p in parts], 10)
     # other blocks, other summation orders: the same ranking up to near-ties
     assert_ranked_alike([list(zip(i, s)) for s, i in zip(*whole)], [list(zip(i, s)) for s, i in zip(*merged)])
@@ -77,16 +80,12 @@ def test_two_processes_build_what_one_builds_and_each_searches_its_shards(retrie
 def test_the_index_read_from_disk_is_searched_as_in_memory_across_many_blocks(retriever, tmp_path):
     """The owners are stored as int32 (utils.search.index_format): MaxP over many blocks takes them as int64 ones
     (a memory-mapped int32 owner made KBest's index_put fail: found serving a real index)."""
-    import torch
-
-    from utils.search.exact import top_k
-
     out = tmp_path / "index"
     run_script("index_corpus.py", *index_args(retriever, out))
     loaded = Index.load(str(out))
     v = loaded.shards[0]
     assert isinstance(v.owner, np.memmap) and v.owner.dtype == np.int32
-    q = loaded.retriever.encode_questions(QUESTIONS)
+    q = Retriever(loaded.model_dir, device="cpu").encode_questions(QUESTIONS)
     in_memory = Vectors(np.asarray(v.embeddings), np.asarray(v.owner, dtype=np.int64), v.count, v.offset)
     for k in (5, 30):
         got, want = top_k(q, v, k, block_rows=8, prefilter=False), top_k(q, in_memory, k, block_rows=8, prefilter=False)
@@ -163,8 +162,6 @@ def test_a_changed_corpus_or_retriever_or_layout_is_refused(retriever, tiny_bert
 def test_overwrite_refuses_a_directory_not_written_by_this_project_and_one_holding_the_corpus(retriever, tmp_path):
     """--overwrite_output_dir emptied any directory holding a file named index.json (a manifest that did not parse
     was ignored), and an index directory that holds the corpus being indexed (deleting the corpus)."""
-    from test_retriever_api import a_users_project
-
     project = tmp_path / "project"
     contents = a_users_project(project)
     assert_user_error(run_script("index_corpus.py", *index_args(retriever, project, "--overwrite_output_dir"),
@@ -204,10 +201,6 @@ def synthetic_index(n=4000, dim=32, clusters=40, seed=0):
     ("hnsw", {"hnsw_m": 16}, {"ef_search": 64}, 0.9),
 ])
 def test_faiss_indexes_from_the_shards_find_what_the_exact_search_finds(kind, options, search, want):
-    import torch
-
-    from utils.search.faiss_index import build_faiss, faiss_top_k
-
     index, q = synthetic_index()
     _, exact = search_shards(torch.from_numpy(q), index.shards, 10)
     faiss_index = build_faiss(index, kind, **options)

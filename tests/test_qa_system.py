@@ -4,15 +4,22 @@ processes answer as one, and bad inputs are one-line errors."""
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
+import numpy as np
 import pytest
 
-from conftest import SAMPLE, assert_user_error, run_script
+from conftest import ROOT, SAMPLE, as_from_a_shell, assert_user_error, run_script
 from test_distributed import run_ddp
 from tolerance import assert_answered_alike, assert_predictions_alike, assert_ranked_alike
 from utils.errors import UserError
 from utils.reader.trained import Reader
+from utils.search.bm25 import BM25
 from utils.search.index import Index
+from utils.system.measure import RETRIEVER_WEIGHTS
 from utils.system.pipeline import QASystem
 
 
@@ -88,8 +95,6 @@ def test_the_api_answers_one_question_or_many_and_refuses_a_bad_k(models):
 def test_a_retriever_that_ranks_the_gold_first_gives_the_readers_gold_paragraph_scores(models, tmp_path):
     """On the questions whose own paragraph BM25 ranks first, the system reading one passage reads exactly the gold
     paragraph: under the same rule and threshold its EM/F1 are the reader's gold-paragraph EM/F1."""
-    from utils.search.bm25 import BM25
-
     corpus = [json.loads(line) for line in open(f"{SAMPLE}/dpr_passages.jsonl")]
     data = json.load(open(f"{SAMPLE}/dev.json"))
     bm25 = BM25(corpus)
@@ -112,8 +117,6 @@ def test_a_retriever_that_ranks_the_gold_first_gives_the_readers_gold_paragraph_
 
 
 def test_the_threshold_tuned_on_the_file_it_scores_is_called_an_upper_bound(models, tmp_path):
-    from utils.system.measure import RETRIEVER_WEIGHTS
-
     out = str(tmp_path / "qa")
     proc = qa(models, out, "--validation_file", f"{SAMPLE}/dev.json")
     results = json.load(open(f"{out}/eval_results.json"))
@@ -266,8 +269,6 @@ def test_the_precision_reaches_both_models_and_each_output_says_what_ran(models,
     results = json.load(open(out / "eval_results.json"))
     assert results["precision"] == {"reader": "bf16", "retriever": "bf16", "index": "bf16"}
     assert json.load(open(out / "index" / "index.json"))["precision"] == "bf16"
-    import numpy as np
-    from utils.search.index import Index
     bf16, fp32 = (np.asarray(Index.load(str(d / "index")).shards[0].embeddings) for d in (out, as_trained))
     assert not np.array_equal(bf16, fp32) and np.allclose(bf16, fp32, atol=0.05)  # embedded under bf16 autocast
     assert json.load(open(as_trained / "eval_results.json"))["precision"] == {"reader": "no", "retriever": "no",
@@ -275,13 +276,6 @@ def test_the_precision_reaches_both_models_and_each_output_says_what_ran(models,
 
 
 def test_ctrl_c_is_one_line_and_leaves_nothing_behind(models, tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from conftest import ROOT, as_from_a_shell
-
     out = tmp_path / "qa"
     reader, retriever = models
     cmd = [sys.executable, os.path.join(ROOT, "qa_system.py"), "--retriever", retriever, "--reader", reader,

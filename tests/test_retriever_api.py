@@ -14,11 +14,13 @@ import pytest
 from conftest import SAMPLE, assert_user_error, run_script
 from tolerance import assert_ranks_within, assert_top_k_of
 from utils.errors import UserError
-from utils.search.bm25 import BM25
 from utils.files.corpus import load_passages
 from utils.files.dpr import load_dpr
-from utils.search.index import Index
 from utils.retriever.retriever import Retriever
+from utils.search.bm25 import BM25
+from utils.search.faiss_index import build_faiss, search_faiss
+from utils.search.index import Index
+from utils.search.vectors import Vectors
 
 FLAGS = ["--per_device_train_batch_size", 8, "--num_hard_negatives", 1]  # the in-batch rank depends on them
 
@@ -91,7 +93,7 @@ def test_the_api_ranks_as_the_training_run_did_and_the_index_round_trips(trained
     retriever = Retriever(trained, device="cpu")
     index = retriever.index(f"{SAMPLE}/dpr_passages.jsonl", progress=False)
     assert len(index.shards[0].embeddings) > 2 * len(index.passages)  # sentence windows, as trained
-    dense = index.search(questions, k=20)
+    dense = retriever.search(index, questions, k=20)
     # the run embedded the corpus in other batches: its top 20 is the API's, near-ties aside
     column = {p["passage_id"]: j for j, p in enumerate(index.passages)}
 
@@ -102,10 +104,10 @@ def test_the_api_ranks_as_the_training_run_did_and_the_index_round_trips(trained
         return out
 
     assert_top_k_of([[column[p] for p in r["top20"]] for r in rankings(trained)],
-                    matrix(index.search(questions, k=len(column))))
+                    matrix(retriever.search(index, questions, k=len(column))))
 
-    hybrid = index.search(questions, k=50, hybrid=True)
-    every = matrix(index.search(questions, k=len(column), hybrid=True))
+    hybrid = retriever.search(index, questions, k=50, hybrid=True)
+    every = matrix(retriever.search(index, questions, k=len(column), hybrid=True))
     held = [i for i, (q, hits) in enumerate(zip(dev, hybrid))  # the hybrid at the recorded weight, as rankings.jsonl
             if q["positive_ctxs"][0]["passage_id"] in {h["passage_id"] for h in hits}]
     assert held
@@ -115,23 +117,26 @@ def test_the_api_ranks_as_the_training_run_did_and_the_index_round_trips(trained
     index.save(str(tmp_path / "index"))
     loaded = Index.load(str(tmp_path / "index"))
     assert isinstance(loaded.shards[0].embeddings, np.memmap)
-    assert loaded.search(questions, k=20) == dense and loaded.search(questions, k=50, hybrid=True) == hybrid
+    assert retriever.search(loaded, questions, k=20) == dense
+    assert retriever.search(loaded, questions, k=50, hybrid=True) == hybrid
 
     half = retriever.index(load_passages(f"{SAMPLE}/dpr_passages.jsonl"), dtype="float16", bm25=False, progress=False)
     assert half.shards[0].embeddings.dtype == np.float16
     every = len(index.passages)
-    exact, near = (dict(((i, h["passage_id"]), h["score"]) for i, hits in enumerate(x.search(questions, k=every))
-                        for h in hits) for x in (index, half))
+    exact, near = (dict(((i, h["passage_id"]), h["score"])
+                        for i, hits in enumerate(retriever.search(x, questions, k=every)) for h in hits)
+                   for x in (index, half))
     assert exact.keys() == near.keys()
     scale = max(abs(v) for v in exact.values())
     assert max(abs(exact[key] - near[key]) for key in exact) < 2e-3 * scale  # float16 vectors: about 1e-3 off
 
-    flat = loaded.search_faiss(loaded.to_faiss("flat"), questions, k=20)  # the same ranking, ties aside
+    q = retriever.encode_questions(questions)
+    flat = search_faiss(loaded, build_faiss(loaded, "flat"), q, k=20)  # the same ranking, ties aside
     np.testing.assert_allclose([[h["score"] for h in hits] for hits in flat],
                                [[h["score"] for h in hits] for hits in dense], rtol=1e-5)
     same = [a["passage_id"] == b["passage_id"] for x, y in zip(flat, dense) for a, b in zip(x, y)]
     assert np.mean(same) > 0.95
-    hnsw = loaded.search_faiss(loaded.to_faiss("hnsw"), questions, k=5)  # approximate: the best scores agree
+    hnsw = search_faiss(loaded, build_faiss(loaded, "hnsw"), q, k=5)  # approximate: the best scores agree
     np.testing.assert_allclose([h[0]["score"] for h in hnsw], [h[0]["score"] for h in dense], rtol=1e-4)
 
 
@@ -144,23 +149,23 @@ def test_the_hybrids_first_hits_do_not_depend_on_how_many_are_asked_for(trained)
     retriever.settings.hybrid_candidates = 4  # fewer than the corpus's passages: k goes past the candidates
     index = retriever.index(f"{SAMPLE}/dpr_passages.jsonl", progress=False)
     every = len(index.passages)
-    deep = index.search(questions, k=every, hybrid=True)
+    deep = retriever.search(index, questions, k=every, hybrid=True)
     assert all(len(hits) == every for hits in deep)
     assert all(len({h["passage_id"] for h in hits}) == every for hits in deep)  # each passage once
     for k in (1, 3, 5, 8, 20):
-        assert index.search(questions, k=k, hybrid=True) == [hits[:k] for hits in deep], k
+        assert retriever.search(index, questions, k=k, hybrid=True) == [hits[:k] for hits in deep], k
     scores = np.array([[h["score"] for h in hits] for hits in deep])
     assert (np.diff(scores, axis=1) <= 0).all()  # best first, the hits past the candidates included
 
 
 def test_a_saved_index_is_searched_without_warnings(trained, tmp_path):
     # Its vectors are a read-only memory map: handing a block of it to torch as is warned of undefined behaviour.
-    Retriever(trained, device="cpu").index(f"{SAMPLE}/dpr_passages.jsonl", bm25=False, progress=False).save(
-        str(tmp_path / "index"))
+    retriever = Retriever(trained, device="cpu")
+    retriever.index(f"{SAMPLE}/dpr_passages.jsonl", bm25=False, progress=False).save(str(tmp_path / "index"))
     loaded = Index.load(str(tmp_path / "index"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert len(loaded.search(["Who designed the lighthouse?"], k=3)[0]) == 3
+        assert len(retriever.search(loaded, ["Who designed the lighthouse?"], k=3)[0]) == 3
 
 
 def test_a_malformed_or_mismatched_index_or_retriever_is_a_one_line_error(trained, tmp_path):
@@ -173,7 +178,7 @@ def test_a_malformed_or_mismatched_index_or_retriever_is_a_one_line_error(traine
         shutil.copytree(index_dir, d)
         edit(d)
         with pytest.raises(UserError) as err:
-            Index.load(str(d), retriever=Retriever(trained, device="cpu"))
+            Retriever(trained, device="cpu").check_index(Index.load(str(d)), str(d))
         assert str(err.value).startswith(str(d)) and message in str(err.value) and "\n" not in str(err.value)
 
     def meta(d, **changes):
@@ -235,8 +240,6 @@ def test_saving_an_index_destroys_nothing_that_is_not_an_index_and_replaces_an_i
 
 def tiny_index(n=3):
     """An index of n passages with made-up vectors: what saving does not depend on."""
-    from utils.search.exact import Vectors
-
     built_by = {"model": "tiny", "passage_encoder": "-", "settings": {}, "precision": "no"}
     passages = [{"passage_id": f"p{i}", "title": "", "text": f"text {i}"} for i in range(n)]
     return Index([Vectors(np.eye(n, 4, dtype=np.float32), None, n, 0)], passages, None, built_by)
@@ -280,15 +283,16 @@ def test_an_index_built_by_another_retriever_or_a_retrained_one_is_refused(train
     shutil.copytree(trained, mine)
     Retriever(str(mine), device="cpu").index(f"{SAMPLE}/dpr_passages.jsonl", bm25=False, progress=False).save(
         str(tmp_path / "index"))
+    loaded = Index.load(str(tmp_path / "index"))
     with pytest.raises(UserError, match="made by another passage encoder than"):
-        Index.load(str(tmp_path / "index"), retriever=Retriever(other, device="cpu"))
-    assert len(Index.load(str(tmp_path / "index")).search("Who built the loom?", k=2)) == 2
+        Retriever(other, device="cpu").check_index(loaded, str(tmp_path / "index"))
+    assert len(Retriever(loaded.model_dir, device="cpu").search(loaded, "Who built the loom?", k=2)) == 2
     for name in ("query_encoder", "passage_encoder"):  # as if retrained into the same directory
         shutil.rmtree(mine / name)
         shutil.copytree(os.path.join(other, name), mine / name)
-    loaded = Index.load(str(tmp_path / "index"))  # names the retriever; checked when it is first needed
+    loaded = Index.load(str(tmp_path / "index"))  # names the retriever that built it; checked at every search
     with pytest.raises(UserError, match="a retriever retrained since"):
-        loaded.search("Who built the loom?", k=2)
+        Retriever(loaded.model_dir, device="cpu").search(loaded, "Who built the loom?", k=2)
     reader = str(tmp_path / "nowhere")
     proc = run_script("qa_system.py", "--retriever", other, "--reader", reader, "--index", tmp_path / "index",
                       "--questions", f"{SAMPLE}/dev.json", "--output_dir", tmp_path / "qa", check=False)
@@ -308,13 +312,13 @@ def test_the_api_takes_one_question_as_a_string_and_refuses_bad_k_and_bad_corpor
     retriever = Retriever(trained, device="cpu")
     index = retriever.index(f"{SAMPLE}/dpr_passages.jsonl", bm25=False, progress=False)
     question = "Who designed the Corran lighthouse?"
-    one = index.search(question, k=3)
+    one = retriever.search(index, question, k=3)
     assert isinstance(one, list) and len(one) == 3 and isinstance(one[0], dict)
-    assert one == index.search([question], k=3)[0] and index.search([], k=3) == []
-    assert len(index.search(question, k=1000)) == 33
+    assert one == retriever.search(index, [question], k=3)[0] and retriever.search(index, [], k=3) == []
+    assert len(retriever.search(index, question, k=1000)) == 33
     for k in (0, -1):
         with pytest.raises(UserError, match="k must be a whole number of at least 1"):
-            index.search(question, k=k)
+            retriever.search(index, question, k=k)
     cases = [([], "expected a non-empty list"), ([{"title": "t", "text": "a text"}], "passage #0: missing 'passage_id'"),
              ([{"text": "a", "passage_id": "p"}, {"text": "b", "passage_id": "p"}],
               "passage #1: duplicate passage_id 'p' (first at passage #0)"),

@@ -16,11 +16,12 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, SAMPLE, free_port
+from conftest import ROOT, SAMPLE, assert_user_error, free_port, run_script
+from serve import ServeArgs
 from tolerance import assert_answered_alike, assert_ranked_alike
 from utils.errors import UserError
 from utils.reader.trained import ReaderSettings
-from utils.search.index import question_list
+from utils.files.questions import question_list
 from utils.files.squad import load_questions
 from utils.system.pipeline import QASystem
 
@@ -304,8 +305,6 @@ def test_sigterm_drains_the_requests_in_flight_and_exits_0(trained_models, tmp_p
 
 
 def test_a_bad_start_is_a_one_line_error_and_the_default_address_is_loopback(trained_models, tmp_path):
-    from conftest import assert_user_error, run_script
-
     reader, retriever = trained_models
     proc = run_script("serve.py", "--retriever", retriever, "--reader", str(tmp_path / "nowhere"), "--passages",
                       f"{SAMPLE}/dpr_passages.jsonl", check=False)
@@ -313,14 +312,11 @@ def test_a_bad_start_is_a_one_line_error_and_the_default_address_is_loopback(tra
     proc = run_script("serve.py", "--retriever", retriever, "--reader", reader, "--passages",
                       f"{SAMPLE}/dpr_passages.jsonl", "--max_body_bytes", 0, check=False)
     assert_user_error(proc, "--max_body_bytes must be at least 1")
-    from serve import ServeArgs
     assert ServeArgs.__dataclass_fields__["host"].default == "127.0.0.1"
 
 
 def test_a_port_in_use_is_a_one_line_error_before_anything_loads(trained_models, passages):
     """serve.py takes its port before it loads a model: on a port in use it says so in one line and exits 2."""
-    from conftest import assert_user_error, run_script
-
     reader, retriever = trained_models
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

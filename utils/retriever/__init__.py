@@ -1,17 +1,10 @@
-"""The DPR retriever: data, sentence windows, the bi-encoder, its loss and task, negative mining, the search engine,
-BM25 and hybrids, evaluation, and the trained retriever's API.
+"""The DPR retriever: data, sentence windows, the bi-encoder, its loss and task, negative mining, evaluation, and the
+trained retriever's API: a Retriever encodes, indexes a corpus and searches an Index (utils.search.index).
 
     from utils.retriever import Index, Retriever      # utils.search.index, utils.retriever.retriever
 """
 
+from utils.retriever.retriever import Retriever
+from utils.search.index import Index
 
-def __getattr__(name):  # the API on first use: importing the package for its modules stays light
-    if name == "Index":
-        from utils.search.index import Index
-
-        return Index
-    if name == "Retriever":
-        from utils.retriever.retriever import Retriever
-
-        return Retriever
-    raise AttributeError(name)
+__all__ = ["Index", "Retriever"]

@@ -2,11 +2,16 @@
 (retriever_settings.json: pooling, similarity, sentence windows, titles, lengths, the hybrid's dense weight, the
 precision it was evaluated at).
 
-    from utils.retriever import Retriever
+It encodes; an index (utils.search.index) holds passage vectors and searches query vectors. So the retriever
+indexes a corpus (`index`), and searches an index (`search`): it checks that the index holds its own passage
+encoder's vectors, encodes the questions, and asks the index, fused with BM25 at its recorded weight for the hybrid.
+
+    from utils.retriever import Index, Retriever
     retriever = Retriever("outputs/dpr-squad")
     q = retriever.encode_questions(["Who designed the Corran lighthouse?"])       # (1, dim) float32
     vectors, owner = retriever.encode_passages(passages)   # windows as trained; owner[row] = its passage
-    index = retriever.index("corpus.jsonl")                 # utils.search.index: in memory; index_corpus.py at scale
+    index = retriever.index("corpus.jsonl")                 # in memory; index_corpus.py at scale, Index.load reads it
+    hits = retriever.search(index, "Who designed the Corran lighthouse?", k=5, hybrid=True)   # its list of hits
 """
 
 import os
@@ -16,10 +21,15 @@ import numpy as np
 import torch
 
 from utils.errors import UserError
+from utils.files.corpus import load_passages
+from utils.files.questions import question_list
 from utils.retriever.bi_encoder import load_bi_encoder
 from utils.retriever.encoding import encode_texts, load_tokenizers, tokenize_passages, tokenize_questions
 from utils.retriever.sentence_windows import sentence_windows
 from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings, encoder_fingerprint
+from utils.search.bm25 import BM25
+from utils.search.index import Index, check_k
+from utils.search.vectors import Vectors
 
 AUTOCAST = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -73,8 +83,6 @@ class Retriever:
             return encode_texts(self.model, tokens, side, pad, self.batch_size, self.device, progress=progress)
 
     def encode_questions(self, questions: list[str]) -> torch.Tensor:
-        from utils.search.index import question_list
-
         return self._encode(tokenize_questions(self.q_tok, question_list(questions), self.settings.max_query_length),
                             "query", self.q_tok.pad_token_id)
 
@@ -89,20 +97,44 @@ class Retriever:
             vectors = np.zeros((0, self.dimension), np.float32)
         return vectors, (owner if self.settings.window_sentences else None)
 
-    def index(self, passages, dtype: str = "float32", bm25: bool = True, progress: bool = True):
+    def index(self, passages, dtype: str = "float32", bm25: bool = True, progress: bool = True) -> Index:
         """An in-memory Index of `passages` (a list of {"title", "text", "passage_id"}, or a JSON-lines file of
         them; checked as every corpus is, utils.files.corpus.load_passages, before anything is embedded).
         float16 halves the index's memory for scores within about 1e-3 of float32's (exact: float32). With `bm25`,
         a BM25 index for the hybrid is built too. For a corpus beyond memory, index_corpus.py writes the index as it
-        goes, from every process."""
-        from utils.search.bm25 import BM25
-        from utils.files.corpus import load_passages
-        from utils.search.index import Index
-        from utils.search.exact import Vectors
-
+        goes, from every process (utils.retriever.index_writer)."""
         if dtype not in ("float32", "float16"):
             raise UserError(f"index dtype {dtype!r}: choose float32 or float16")
         passages = load_passages(passages)
         vectors, owner = self.encode_passages(passages, progress="indexing" if progress else None)
         return Index([Vectors(vectors.astype(dtype), owner, len(passages))], passages,
-                     BM25(passages) if bm25 else None, self.built_by(), retriever=self)
+                     BM25(passages) if bm25 else None, self.built_by())
+
+    def check_index(self, index: Index, where: str) -> None:
+        """Refuse (one line, starting with `where`) an index whose vectors this retriever's passage encoder did not
+        make: another encoder (or this directory retrained since), other settings or another dimension."""
+        index.check_encoder(self.model_dir, self.settings, self.fingerprint, self.dimension, where)
+
+    def search(self, index: Index, questions, k: int = 10, hybrid: bool = False):
+        """Per question its k best passages of `index`, best first: {"passage_id", "title", "text", "score"} (fewer
+        when the corpus has fewer). Dense, or with `hybrid` fused with the index's BM25 at this retriever's recorded
+        dense weight over both rankings' first `hybrid_candidates` (utils.search.fusion: the hybrid's first hits do
+        not depend on k). `questions`: a list of strings; a single string is one question, and then the result is
+        that question's list of hits. The index must hold this retriever's passage vectors (`check_index`); with
+        one loaded from disk, `Retriever(index.model_dir)` is the retriever that built it."""
+        one = isinstance(questions, str)
+        questions = question_list(questions)
+        check_k(k)
+        if not questions:
+            return []
+        self.check_index(index, f"the index built by {index.model_dir}")
+        weight = self.settings.hybrid_dense_weight
+        if hybrid and weight is None:
+            raise UserError(f"{self.model_dir}: no recorded hybrid dense weight")
+        q = self.encode_questions(questions)
+        if hybrid:
+            scores, ids = index.hybrid_search(q, questions, k, weight, self.settings.hybrid_candidates)
+        else:
+            scores, ids = index.search(q, k)
+        hits = index.hits(scores, ids)
+        return hits[0] if one else hits

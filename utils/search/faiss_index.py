@@ -9,13 +9,19 @@ Kinds (all inner product: a cosine retriever's vectors are normalised):
 The IVF kinds train their cells (and codes) on a sample of the vectors drawn evenly from every shard under a seed;
 every kind then takes the vectors shard by shard, in chunks, so nothing holds more than one chunk beside FAISS's own
 storage. Where faiss-gpu and a GPU exist, flat and IVF indexes are moved to the GPUs (`gpu=True`, the default
-there). Recall against the exact search, memory and speed at several settings: benchmarks/faiss_benchmark.py and
+there). Like the exact search, a FAISS search takes query vectors, never a model:
+
+    faiss_index = build_faiss(index, "ivf", nlist=1024)
+    hits = search_faiss(index, faiss_index, retriever.encode_questions(questions), k=10, nprobe=32)
+
+Recall against the exact search, memory and speed at several settings: benchmarks/faiss_benchmark.py and
 docs/RESULTS.md.
 """
 
 import numpy as np
 
 from utils.errors import UserError
+from utils.search.index import Index, check_k
 
 KINDS = ("flat", "ivf", "ivfpq", "hnsw")
 CHUNK = 65536  # vectors added at a time
@@ -29,7 +35,7 @@ def _faiss():
     return faiss
 
 
-def _rows(index):
+def _rows(index: Index):
     """(shard, first global row) of every shard, and the total number of rows."""
     starts, total = [], 0
     for v in index.shards:
@@ -38,7 +44,7 @@ def _rows(index):
     return starts, total
 
 
-def training_sample(index, size: int, seed: int = 0) -> np.ndarray:
+def training_sample(index: Index, size: int, seed: int = 0) -> np.ndarray:
     """`size` vectors drawn evenly (without replacement) from every shard, float32."""
     starts, total = _rows(index)
     picked = np.sort(np.random.default_rng(seed).choice(total, size=min(size, total), replace=False))
@@ -50,7 +56,7 @@ def training_sample(index, size: int, seed: int = 0) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate(out)) if out else np.zeros((0, index.dimension), np.float32)
 
 
-def build_faiss(index, kind: str = "flat", nlist: int | None = None, pq_m: int = 16, nbits: int = 8,
+def build_faiss(index: Index, kind: str = "flat", nlist: int | None = None, pq_m: int = 16, nbits: int = 8,
                 hnsw_m: int = 32, ef_construction: int = 80, train_size: int | None = None, seed: int = 0,
                 gpu: bool | None = None):
     """A FAISS index over every vector of `index` (row i = the i-th vector, shard after shard). `nlist`: IVF cells
@@ -106,25 +112,16 @@ def set_search_parameters(faiss_index, nprobe: int | None = None, ef_search: int
         faiss_index.hnsw.efSearch = ef_search
 
 
-def search_faiss(index, faiss_index, questions, k: int = 10, nprobe: int | None = None,
-                 ef_search: int | None = None):
-    """`Index.search` through a FAISS index of its vectors (`build_faiss`), at the given search settings: per
-    question its k best passages as search results."""
-    from utils.search.index import check_k, passage_hit, question_list
-
-    one = isinstance(questions, str)
-    questions = question_list(questions)
+def search_faiss(index: Index, faiss_index, queries, k: int = 10, nprobe: int | None = None,
+                 ef_search: int | None = None) -> list[list[dict]]:
+    """`Index.search` through a FAISS index of its vectors (`build_faiss`), at the given search settings: per query
+    vector (a retriever's `encode_questions`) its k best passages as search results (`Index.hits`)."""
     check_k(k)
-    if not questions:
-        return []
-    q = index.retriever.encode_questions(questions).numpy()
-    scores, ids = faiss_top_k(index, faiss_index, q, k, nprobe, ef_search)
-    out = [[passage_hit(index.passages, int(j), s) for s, j in zip(row_s, row_i) if j >= 0]
-           for row_s, row_i in zip(scores, ids)]
-    return out[0] if one else out
+    scores, ids = faiss_top_k(index, faiss_index, np.asarray(queries), k, nprobe, ef_search)
+    return index.hits(scores, ids)
 
 
-def faiss_top_k(index, faiss_index, queries: np.ndarray, k: int, nprobe: int | None = None,
+def faiss_top_k(index: Index, faiss_index, queries: np.ndarray, k: int, nprobe: int | None = None,
                 ef_search: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(scores, passage ids, -1 padded) of each query vector's k best passages through FAISS. With sentence windows
     it asks for k x the most windows a passage has and keeps each passage's best window: exact for a flat index

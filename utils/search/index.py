@@ -1,20 +1,22 @@
 """An index of a corpus: its vectors (in shards), its passages, optionally BM25 over them, and what made the vectors.
 
-`Retriever.index(passages)` (utils.retriever.retriever) builds one in memory; `index_corpus.py` builds one on disk
-from every process, shard by shard, resumable; both save the same directory layout (utils.search.index_format),
-which `Index.load` maps where it lies. The search is exact (utils.search.exact: blockwise, never the questions
-x corpus matrix), each passage ranked by its best sentence window for a sentence-trained retriever, optionally fused
-with BM25 at the recorded weight (utils.search.fusion); FAISS indexes for approximate search are built from the
-shards (utils.search.faiss_index).
+It takes query vectors, never a model: a retriever (utils.retriever.retriever) encodes the questions, checks that
+the index holds its own passage encoder's vectors (`check_encoder`) and asks the index. `Retriever.index(passages)`
+builds one in memory; `index_corpus.py` builds one on disk from every process, shard by shard, resumable; both save
+the same directory layout (utils.search.index_format), which `Index.load` maps where it lies. The search is exact
+(utils.search.exact: blockwise, never the questions x corpus matrix), each passage ranked by its best sentence
+window for a sentence-trained retriever; `hybrid_search` fuses it with BM25 at a given dense weight
+(utils.search.fusion). FAISS indexes for approximate search are built from the shards (utils.search.faiss_index).
 
     from utils.retriever import Index, Retriever
-    index = Retriever("outputs/dpr-squad").index("corpus.jsonl")     # or Index.load("outputs/corpus-index")
+    retriever = Retriever("outputs/dpr-squad")
+    index = retriever.index("corpus.jsonl")                    # or Index.load("outputs/corpus-index")
     index.save("outputs/corpus-index")
-    for hits in index.search(["Who designed the Corran lighthouse?"], k=5, hybrid=True):
+    for hits in retriever.search(index, ["Who designed the Corran lighthouse?"], k=5, hybrid=True):
         print([(h["passage_id"], round(h["score"], 3)) for h in hits])
 
 Several processes may each load only their share of the shards (`Index.load(dir, share=(rank, world))`): a search
-is then a collective that every process calls with the same questions, each searching its shards, the results
+is then a collective that every process calls with the same queries, each searching its shards, the results
 merged (utils.search.shards): the same as one process searching them all.
 """
 
@@ -22,6 +24,7 @@ import os
 from dataclasses import asdict
 
 import numpy as np
+import torch
 
 from utils.errors import UserError
 from utils.files.jsonfiles import write_json_file
@@ -30,9 +33,9 @@ from utils.search.bm25 import BM25
 from utils.search.fusion import gather_candidates, hybrid_ranking
 from utils.search.index_format import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, content_hash,
                                          holds_index_manifest, map_shard, read_manifest, shard_name)
-from utils.files.questions import question_list
-from utils.search.exact import Vectors, score_shards, search_shards
+from utils.search.exact import score_shards, search_shards
 from utils.search.shards import shard as share_of
+from utils.search.vectors import Vectors
 
 # What an index's vectors depend on beside the passage encoder's weights: compared with the retriever searching it.
 VECTOR_SETTINGS = ("pooling", "similarity", "embed_title", "window_sentences", "max_passage_length")
@@ -41,15 +44,13 @@ VECTOR_SETTINGS = ("pooling", "similarity", "embed_title", "window_sentences", "
 class Index:
     """Vectors of a corpus in shards (rows: passages, or their sentence windows), its passages (a list, or a
     PassageStore reading them from disk), optional BM25, and `built_by` ({"model", "passage_encoder" (its
-    fingerprint), "settings", "precision"}), checked against every retriever that searches it."""
+    fingerprint), "settings", "precision"}), checked against every retriever that searches it (`check_encoder`)."""
 
-    def __init__(self, shards: list[Vectors], passages, bm25: BM25 | None, built_by: dict, retriever=None,
-                 distributed: bool = False):
+    def __init__(self, shards: list[Vectors], passages, bm25: BM25 | None, built_by: dict, distributed: bool = False):
         """`shards`: Vectors with their global passage offsets; `distributed`: they are this process's share of
         the index, and a search is a collective over every process."""
         self.shards, self.passages, self.bm25, self.built_by = shards, passages, bm25, built_by
         self.model_dir, self.distributed = built_by["model"], distributed
-        self._retriever = retriever
 
     @property
     def count(self) -> int:
@@ -59,30 +60,10 @@ class Index:
     def dimension(self) -> int | None:
         return next((np.asarray(v.embeddings).shape[1] for v in self.shards if len(v.embeddings)), None)
 
-    @property
-    def retriever(self):
-        if self._retriever is None:  # loaded from a directory: the retriever it names, on first use, checked
-            from utils.retriever.retriever import Retriever
-
-            retriever = Retriever(self.model_dir)
-            self.check_retriever(retriever, f"the index built by {self.model_dir}")
-            self._retriever = retriever
-        return self._retriever
-
-    def use(self, retriever, where: str) -> "Index":
-        """Search with `retriever` (checked): another device, batch size or precision for the questions."""
-        self.check_retriever(retriever, where)
-        self._retriever = retriever
-        return self
-
-    def check_retriever(self, retriever, where: str) -> None:
-        """Refuse (one line) a retriever whose passage vectors are not this index's: another encoder (or the same
-        directory retrained), other settings or another dimension."""
-        self.check_encoder(retriever.model_dir, retriever.settings, retriever.fingerprint, retriever.dimension, where)
-
     def check_encoder(self, model_dir: str, settings, fingerprint: str, dimension: int, where: str) -> None:
-        """`check_retriever` from what identifies a retriever: its directory, settings, passage encoder fingerprint
-        and dimension."""
+        """Refuse (one line, starting with `where`) an encoder whose passage vectors are not this index's: another
+        encoder (or the same directory retrained: its `fingerprint`), other `settings` (a dataclass; those of
+        VECTOR_SETTINGS are compared) or another dimension. `model_dir` names it in the message."""
         if self.dimension is not None and self.dimension != dimension:
             raise UserError(f"{where}: {self.dimension}-dimensional vectors, but {model_dir} embeds in {dimension}")
         ours, theirs = asdict(settings), self.built_by["settings"]
@@ -95,36 +76,31 @@ class Index:
                             f"(built by {self.model_dir}, encoder fingerprint {self.built_by['passage_encoder'][:12]} vs "
                             f"{fingerprint[:12]}; a retriever retrained since?): index the corpus again")
 
-    # --- search ---
+    # --- search: query vectors in, (scores, passage ids) out, best first ---
 
-    def search(self, questions, k: int = 10, hybrid: bool = False):
-        """Per question its k best passages, best first: {"passage_id", "title", "text", "score"} (fewer when the
-        corpus has fewer). Dense, or with `hybrid` fused with BM25 at the retriever's recorded dense weight over both
-        rankings' candidates. `questions`: a list of strings; a single string is one question, and then the result
-        is that question's list of hits. The hybrid's first hits do not depend on k (utils.search.fusion: its
-        candidates are each ranking's first hybrid_candidates; past them the dense ranking follows)."""
-        one = isinstance(questions, str)
-        questions = question_list(questions)
-        check_k(k)
-        if not questions:
-            return []
-        q = self.retriever.encode_questions(questions)
-        settings = self.retriever.settings
-        width = settings.hybrid_candidates  # the hybrid's candidates: each ranking's first `width`, whatever k
-        depth = max(k, width) if hybrid else k
-        scores, ids = search_shards(q, self.shards, min(depth, self.count), self.distributed)
-        if hybrid:
-            if self.bm25 is None:
-                raise UserError("this index has no BM25 (built with bm25=False): search with hybrid=False")
-            if settings.hybrid_dense_weight is None:
-                raise UserError(f"{self.model_dir}: no recorded hybrid dense weight")
-            head_s, head_i = scores[:, :width], ids[:, :width]
-            lex_s, lex_i, _, lex_of_dense = self.bm25.search(questions, width, score_ids=head_i)
-            dense_of_lex = score_shards(q, self.shards, lex_i, self.distributed)
-            c = gather_candidates(head_s, head_i, lex_s, lex_i, lex_of_dense, dense_of_lex)
-            scores, ids = hybrid_ranking(c, settings.hybrid_dense_weight, scores[:, width:], ids[:, width:], k)
-        hits = ranked_passages(self.passages, scores[:, :k], ids[:, :k])
-        return hits[0] if one else hits
+    def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, ids): each query vector's k best passages (global ids; fewer columns when the corpus has fewer),
+        by the exact search over every shard (with `distributed`, every process's: a collective)."""
+        return search_shards(torch.as_tensor(queries), self.shards, min(k, self.count), self.distributed)
+
+    def hybrid_search(self, queries, questions: list[str], k: int, dense_weight: float,
+                      candidates: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, ids, -1: none) of each question's first k hits of the dense ranking of its vector fused with
+        BM25's of its text at `dense_weight`, over each ranking's first `candidates` whatever k (utils.search.fusion:
+        so the first hits do not depend on k; past the candidates the dense ranking follows)."""
+        if self.bm25 is None:
+            raise UserError("this index has no BM25 (built with bm25=False): search with hybrid=False")
+        q = torch.as_tensor(queries)
+        scores, ids = self.search(q, max(k, candidates))
+        head_s, head_i = scores[:, :candidates], ids[:, :candidates]
+        lex_s, lex_i, _, lex_of_dense = self.bm25.search(questions, candidates, score_ids=head_i)
+        dense_of_lex = score_shards(q, self.shards, lex_i, self.distributed)
+        c = gather_candidates(head_s, head_i, lex_s, lex_i, lex_of_dense, dense_of_lex)
+        return hybrid_ranking(c, dense_weight, scores[:, candidates:], ids[:, candidates:], k)
+
+    def hits(self, scores, ids) -> list[list[dict]]:
+        """Per query, its ranked passages (`search`'s scores and ids) as {"passage_id", "title", "text", "score"}."""
+        return ranked_passages(self.passages, scores, ids)
 
     # --- on disk ---
 
@@ -156,12 +132,11 @@ class Index:
             raise UserError(f"{directory}: cannot write the index ({err.strerror or err})") from None
 
     @classmethod
-    def load(cls, directory: str, retriever=None, share: tuple[int, int] | None = None) -> "Index":
+    def load(cls, directory: str, share: tuple[int, int] | None = None) -> "Index":
         """An index saved by `save` or index_corpus.py, its shards memory-mapped, its passages read from disk as
         results need them. `share` = (process index, processes): map only this process's share of the shards (a
-        search is then a collective). Every mismatch (files missing or of the wrong size, another retriever's
-        encoder, settings or dimension: checked now against `retriever`, else against the retriever the index names
-        when it is first needed) is a one-line UserError naming the directory."""
+        search is then a collective). Every file missing or of the wrong size is a one-line UserError naming the
+        directory; whoever searches it checks that the index holds its own encoder's vectors (`check_encoder`)."""
         meta = read_manifest(directory)
         shards = meta["shards"]
         if [s["first"] for s in shards] != [0] + [s["last"] for s in shards[:-1]] or \
@@ -183,22 +158,7 @@ class Index:
         passages = PassageStore(parts, [s["first"] for s in shards])
         bm25 = BM25.load(os.path.join(directory, "bm25"), meta["passages"]) if meta.get("bm25") else None
         built_by = {k: meta[k] for k in ("model", "passage_encoder", "settings", "precision")}
-        index = cls(vectors, passages, bm25, built_by, distributed=share is not None and share[1] > 1)
-        if retriever is not None:
-            index.use(retriever, directory)
-        return index
-
-    # --- FAISS (utils.search.faiss_index) ---
-
-    def to_faiss(self, kind: str = "flat", **options):
-        from utils.search.faiss_index import build_faiss
-
-        return build_faiss(self, kind, **options)
-
-    def search_faiss(self, faiss_index, questions, k: int = 10, **options):
-        from utils.search.faiss_index import search_faiss
-
-        return search_faiss(self, faiss_index, questions, k, **options)
+        return cls(vectors, passages, bm25, built_by, distributed=share is not None and share[1] > 1)
 
 
 def manifest(built_by: dict, dtype: str, dimension: int, passages: int, shards: list[dict], bm25: bool,

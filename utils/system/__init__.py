@@ -4,10 +4,6 @@
     from utils.system import QASystem
 """
 
+from utils.system.pipeline import QASystem
 
-def __getattr__(name):
-    if name == "QASystem":
-        from utils.system.pipeline import QASystem
-
-        return QASystem
-    raise AttributeError(name)
+__all__ = ["QASystem"]

@@ -8,8 +8,9 @@ from typing import Literal, Optional
 from utils.loop.args import arg, check_at_least_one, check_input_files
 from utils.errors import UserError
 from utils.reader.trained import Reader, check_reader_dir
-from utils.search.index import Index
+from utils.retriever.index_writer import build_index
 from utils.retriever.retriever import Retriever
+from utils.search.index import Index
 from utils.retriever.settings import RetrieverSettings
 from utils.system.pipeline import QASystem
 
@@ -66,7 +67,7 @@ def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None
                  index_dir: str | None = None, progress: bool = True) -> QASystem:
     """The QA system from its arguments: the reader and the retriever, each loaded once, and the corpus: `index`
     (loaded from --index), the `passages` (BM25 ranks them), or --passages embedded now: with `index_dir`, by every
-    process of `accelerator` into that directory, each its shard (utils.search.index_writer), each then searching its
+    process of `accelerator` into that directory, each its shard (utils.retriever.index_writer), each then searching its
     own shards; without, in memory. Progress bars on the main process."""
     main = accelerator is None or accelerator.is_main_process
     device = None if accelerator is None else "cuda" if accelerator.device.type == "cuda" else "cpu"  # None: a GPU if any
@@ -82,8 +83,6 @@ def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None
         if index_dir is None:
             index = retriever.index(passages if passages is not None else args.passages, bm25=hybrid, progress=progress)
         else:
-            from utils.search.index_writer import build_index
-
             build_index(accelerator, retriever, args.passages, index_dir, bm25=hybrid)
             index = Index.load(index_dir, share=(accelerator.process_index, accelerator.num_processes))
     return QASystem(retriever, reader, index=index, hybrid=args.hybrid, progress=progress,

@@ -7,18 +7,19 @@ answer by the one rule of utils.system.answer.
         print(a["answer"] or "(no answer)", a["passage_id"], a["score"])
     qa.ask("Who designed the Corran lighthouse?")                      # one question: its answer, not a list
 
-The retriever ranks with its recorded settings (sentence windows, the hybrid's dense weight: utils.search.index)
+The retriever ranks with its recorded settings (sentence windows, the hybrid's dense weight: utils.retriever.retriever)
 and the reader reads with its own (windows, decoding: utils.reader.trained); each runs at the precision it was
 trained at unless one is given. The threshold is the reader's recorded one unless a system threshold (tuned by
 qa_system.py on labelled questions) is given, and so is the weight of the retriever's score in the answer.
 """
 
 from utils.errors import UserError
-from utils.reader.trained import Reader
-from utils.search.bm25 import BM25
 from utils.files.corpus import load_passages
-from utils.search.index import Index, check_k, question_list, ranked_passages
+from utils.files.questions import question_list
+from utils.reader.trained import Reader
 from utils.retriever.retriever import Retriever
+from utils.search.bm25 import BM25
+from utils.search.index import Index, check_k, ranked_passages
 from utils.system.answer import answer, combine
 
 NBEST_KEPT = 5  # spans of each passage kept in its reading (its best first)
@@ -55,12 +56,14 @@ class QASystem:
         self.retriever = retriever if isinstance(retriever, Retriever) else Retriever(
             retriever, device=device, batch_size=batch_size, precision=precision)
         self.hybrid = self.retriever.settings.hybrid_dense_weight is not None if hybrid is None else hybrid
-        if isinstance(index, Index):
-            self.index = index.use(self.retriever, "the index given")
-        elif index is not None:
-            self.index = Index.load(index, self.retriever)
-        else:
-            self.index = self.retriever.index(passages, bm25=self.hybrid, progress=progress)
+        if index is None:
+            index = self.retriever.index(passages, bm25=self.hybrid, progress=progress)
+        elif isinstance(index, Index):
+            self.retriever.check_index(index, "the index given")
+        else:  # its directory
+            index, directory = Index.load(index), index
+            self.retriever.check_index(index, directory)
+        self.index = index
         if self.hybrid and self.index.bm25 is None:
             raise UserError("the index has no BM25 (built with bm25=False): give hybrid=False, or index with BM25")
         self.passages, self.bm25 = self.index.passages, None
@@ -90,7 +93,7 @@ class QASystem:
         if self.bm25 is not None:
             scores, ids, _, _ = self.bm25.search(questions, k)
             return ranked_passages(self.passages, scores, ids)
-        return self.index.search(questions, k, hybrid=self.hybrid)
+        return self.retriever.search(self.index, questions, k, hybrid=self.hybrid)
 
     def read(self, questions: list[str], retrieved: list[list[dict]]) -> list[list[dict]]:
         """Per question, per passage read: {"passage_id", "retrieval_score" (the passage's "score", if it has one),

@@ -1,7 +1,8 @@
-"""Building an index on disk from every process (index_corpus.py, and qa_system.py when given passages): each
-process checks and embeds one contiguous shard of the corpus file (its byte range, cut at line starts), chunk by
-chunk, into its own shard files (utils.search.index_format); a killed build resumes after each shard's last
-complete chunk. The corpus is streamed, never loaded whole: a process holds one chunk's tokens and vectors."""
+"""A trained retriever indexing a corpus on disk from every process (index_corpus.py, and qa_system.py when given
+passages), what `Retriever.index` does in memory: each process checks and embeds one contiguous shard of the corpus
+file (its byte range, cut at line starts), chunk by chunk, into its own shard files (utils.search.index_format); a
+killed build resumes after each shard's last complete chunk. The corpus is streamed, never loaded whole: a process
+holds one chunk's tokens and vectors. The index it writes is utils.search.index's, which `Index.load` reads."""
 
 import hashlib
 import logging
@@ -14,12 +15,13 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 
 from utils.errors import UserError
-from utils.files.jsonfiles import json_lines, write_json_file
-from utils.search.bm25 import BM25
 from utils.files.corpus import byte_ranges, count_lines, stream_passages
+from utils.files.jsonfiles import json_lines, write_json_file
+from utils.retriever.retriever import Retriever
+from utils.search.bm25 import BM25
 from utils.search.index import check_index_target, manifest
 from utils.search.index_format import (INDEX_FILE, PassageStore, ShardWriter, content_hash, map_shard, read_manifest,
-                                         shard_name)
+                                       shard_name)
 
 logger = logging.getLogger("qa-amp")
 CHUNK_HASH_PASSAGES = 1024  # passages per corpus hash recorded (and compared on resume)
@@ -37,7 +39,6 @@ def check_corpus(accelerator, path: str, chunk_passages: int) -> dict:
     failure, ids, offsets, hashes, block = None, [], [], [], []
     try:
         first_line = 1 + (count_lines(path, 0, start) if rank else 0)
-        position = start
         for p, raw, _ in stream_passages(path, start, stop, first_line=first_line):
             ids.append(_id_hash(p["passage_id"]))
             block.append(raw)
@@ -122,7 +123,7 @@ def _resumable(out: str, existing: dict, built_by: dict, dtype: str, corpus: dic
     return None, existing
 
 
-def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retriever, corpus: dict) -> dict:
+def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retriever: Retriever, corpus: dict) -> dict:
     """The manifest to build under: a new one, or the unfinished one found (resumed: it must have been started with
     this retriever, its settings and precision, this dtype, this corpus and as many processes). One-line errors."""
     built_by = retriever.built_by()
@@ -156,7 +157,7 @@ def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retrie
     return meta
 
 
-def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, retriever, directory: str,
+def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, retriever: Retriever, directory: str,
                 main: bool) -> dict:
     """This process's shard: its chunks (first passage, start byte, end byte), each embedded and appended after the
     last one recorded. Returns {"vectors", "passages", "seconds"} of the shard."""
@@ -178,7 +179,7 @@ def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, retri
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def build_index(accelerator, retriever, passages: str, output_dir: str, dtype: str = "float32",
+def build_index(accelerator, retriever: Retriever, passages: str, output_dir: str, dtype: str = "float32",
                 chunk_passages: int = 4096, bm25: bool | None = None, overwrite: bool = False) -> dict:
     """Index the JSON-lines corpus `passages` into `output_dir` with `retriever`, every process a contiguous run of
     the corpus's chunks (a collective: every process calls it); resumes an unfinished build of the same corpus,
