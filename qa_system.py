@@ -129,7 +129,7 @@ def clamp_k(args, passages: int) -> tuple[list[int], int, str | None]:
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
     args = parse_args(QAArgs, argv)
-    accelerator = make_accelerator(args.process_group_timeout)  # each model runs under its own autocast (utils.reader.trained, utils.search.index)
+    accelerator = make_accelerator(args.process_group_timeout)  # each model runs under its own autocast (utils.reader.trained, utils.retriever.retriever)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
     # refused if it holds anything; nothing created before the end
@@ -153,7 +153,7 @@ def main(argv=None):
     passages = load_passages(args.passages) if args.retriever == "bm25" else None
 
     with publish_dir(accelerator, args.output_dir, state="evaluated") as out:  # all outputs at the end, or none
-        system = build_system(args, accelerator, passages, index, index_dir=os.path.join(out, "index"))
+        system = build_system(args.system_config(), accelerator, passages, index, index_dir=os.path.join(out, "index"))
         bands, top_k, clamped = clamp_k(args, len(system.passages))
         bands = sorted(set(bands) | {top_k})
         k = bands[-1]

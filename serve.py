@@ -31,8 +31,10 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from utils.loop.args import arg, check_at_least_one, parse_args
 from utils.errors import UserError, exit_on_user_error
+from utils.files.corpus import load_passages
+from utils.loop.args import arg, check_at_least_one, parse_args
+from utils.search.index import Index
 from utils.system.inputs import SystemArgs, build_system
 from utils.system.server import Limits, create_app
 
@@ -75,12 +77,9 @@ def main(argv=None):
     failure = []
 
     def load_system():  # on the app's loading thread: /health says "loading" meanwhile
-        from utils.files.corpus import load_passages
-        from utils.search.index import Index
-
         passages = load_passages(args.passages) if args.passages else None
         index = Index.load(args.index) if args.index else None
-        return build_system(args, None, passages, index, progress=False)
+        return build_system(args.system_config(), None, passages, index, progress=False)
 
     def on_load_failure(message):  # nothing to serve: stop, and exit 2 as every user error does
         failure.append(message)

@@ -1,18 +1,44 @@
 """What the QA system is built from, checked in one place for every front end (qa_system.py, serve.py): the
-retriever, the reader, the corpus (passages, or an index of them), and how they run."""
+retriever, the reader, the corpus (passages, or an index of them), and how they run. `SystemArgs` are the flags the
+two scripts share; at the edge they become a `SystemConfig` (`SystemArgs.system_config`), which `build_system` takes:
+nothing below the scripts reads a flag."""
 
 import os
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from utils.loop.args import arg, check_at_least_one, check_input_files
 from utils.errors import UserError
+from utils.loop.args import arg, check_at_least_one, check_input_files
 from utils.reader.trained import Reader, check_reader_dir
 from utils.retriever.index_writer import build_index
 from utils.retriever.retriever import Retriever
-from utils.search.index import Index
 from utils.retriever.settings import RetrieverSettings
+from utils.search.index import Index
 from utils.system.pipeline import QASystem
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    """What a QA system is built from and how it runs (`build_system`)."""
+
+    retriever: str  # a retriever's directory (train_dpr.py), or "bm25"
+    reader: str  # a reader's directory (train_reader.py), or another extractive QA model's
+    passages: str | None = None  # the corpus as a JSON-lines file, embedded when neither passages nor index is given
+    hybrid: bool | None = None  # fuse the dense ranking with BM25 at the recorded weight; None: when it has one
+    retriever_weight: float = 0.0  # how much a passage's retrieval score weighs on its answers (utils.system.answer)
+    calibration: tuple[float, float] | None = None  # (a, b) of the no-answer probability, sigmoid(a x + b)
+    precision: str | None = None  # autocast of both models ("no", "bf16", "fp16"); None: each model's own, as trained
+    batch_size: int = 64  # texts per forward pass (questions, passages, reader windows)
+
+    def __post_init__(self):
+        if not self.retriever or not self.reader:
+            raise UserError("give a retriever (a trained retriever or bm25) and a reader")
+        if self.batch_size < 1:
+            raise UserError(f"batch_size must be at least 1 (got {self.batch_size})")
+        if not self.retriever_weight >= 0:
+            raise UserError(f"retriever_weight {self.retriever_weight}: give 0 or more")
+        if self.calibration is not None and len(self.calibration) != 2:
+            raise UserError(f"calibration {self.calibration}: give (a, b)")
 
 
 @dataclass
@@ -62,28 +88,35 @@ class SystemArgs:
         if self.retriever_weight is not None and not self.retriever_weight >= 0:
             raise UserError(f"--retriever_weight must be 0 or more (got {self.retriever_weight})")
 
+    def system_config(self) -> SystemConfig:
+        """The QA system these flags describe (after `validate_system`)."""
+        calibration = tuple(self.no_answer_calibration) if self.no_answer_calibration is not None else None
+        return SystemConfig(self.retriever, self.reader, self.passages, self.hybrid, self.retriever_weight or 0.0,
+                            calibration, self.mixed_precision, self.batch_size)
 
-def build_system(args: SystemArgs, accelerator=None, passages: list[dict] | None = None, index: Index | None = None,
+
+def build_system(config: SystemConfig, accelerator=None, passages: list[dict] | None = None, index: Index | None = None,
                  index_dir: str | None = None, progress: bool = True) -> QASystem:
-    """The QA system from its arguments: the reader and the retriever, each loaded once, and the corpus: `index`
-    (loaded from --index), the `passages` (BM25 ranks them), or --passages embedded now: with `index_dir`, by every
-    process of `accelerator` into that directory, each its shard (utils.retriever.index_writer), each then searching its
-    own shards; without, in memory. Progress bars on the main process."""
+    """The QA system of `config`: the reader and the retriever, each loaded once, and the corpus: `index` (loaded
+    from --index), the `passages` (BM25 ranks them), or the config's passages file embedded now: with `index_dir`, by
+    every process of `accelerator` into that directory, each its shard (utils.retriever.index_writer), each then
+    searching its own shards; without, in memory. Progress bars on the main process."""
     main = accelerator is None or accelerator.is_main_process
     device = None if accelerator is None else "cuda" if accelerator.device.type == "cuda" else "cpu"  # None: a GPU if any
     progress = progress and main
-    reader = Reader(args.reader, device=device, batch_size=args.batch_size, precision=args.mixed_precision,
+    reader = Reader(config.reader, device=device, batch_size=config.batch_size, precision=config.precision,
                     sort_by_length=True)
-    if args.retriever == "bm25":
+    if config.retriever == "bm25":
         return QASystem("bm25", reader, passages=passages, progress=progress,
-                        retriever_weight=args.retriever_weight or 0.0, calibration=args.no_answer_calibration)
-    retriever = Retriever(args.retriever, device=device, batch_size=args.batch_size, precision=args.mixed_precision)
+                        retriever_weight=config.retriever_weight, calibration=config.calibration)
+    retriever = Retriever(config.retriever, device=device, batch_size=config.batch_size, precision=config.precision)
     if index is None:
-        hybrid = retriever.settings.hybrid_dense_weight is not None if args.hybrid is None else args.hybrid
+        hybrid = retriever.settings.hybrid_dense_weight is not None if config.hybrid is None else config.hybrid
         if index_dir is None:
-            index = retriever.index(passages if passages is not None else args.passages, bm25=hybrid, progress=progress)
+            index = retriever.index(passages if passages is not None else config.passages, bm25=hybrid,
+                                    progress=progress)
         else:
-            build_index(accelerator, retriever, args.passages, index_dir, bm25=hybrid)
+            build_index(accelerator, retriever, config.passages, index_dir, bm25=hybrid)
             index = Index.load(index_dir, share=(accelerator.process_index, accelerator.num_processes))
-    return QASystem(retriever, reader, index=index, hybrid=args.hybrid, progress=progress,
-                    retriever_weight=args.retriever_weight or 0.0, calibration=args.no_answer_calibration)
+    return QASystem(retriever, reader, index=index, hybrid=config.hybrid, progress=progress,
+                    retriever_weight=config.retriever_weight, calibration=config.calibration)
