@@ -24,6 +24,13 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from utils.files.dpr import load_dpr  # noqa: E402
+from utils.retriever.retriever import Retriever  # noqa: E402
+from utils.search.exact import search_shards  # noqa: E402
+from utils.search.faiss_index import build_faiss, faiss_top_k  # noqa: E402
+from utils.search.index import Index  # noqa: E402
+from utils.search.vectors import Vectors  # noqa: E402
+
 # (kind, build options, search options): from exact to compressed
 SETTINGS = [("flat", {}, {}),
             ("ivf", {}, {"nprobe": 4}), ("ivf", {}, {"nprobe": 16}), ("ivf", {}, {"nprobe": 64}),
@@ -37,9 +44,6 @@ def recall(exact: np.ndarray, found: np.ndarray, k: int) -> float:
 
 
 def synthetic(n: int, dim: int, clusters: int, queries: int, seed: int = 0):
-    from utils.search.index import Index
-    from utils.search.exact import Vectors
-
     rng = np.random.default_rng(seed)
     centers = rng.standard_normal((clusters, dim)).astype(np.float32)
     x = np.empty((n, dim), np.float32)
@@ -60,9 +64,6 @@ def main():
     import faiss
     import torch
 
-    from utils.search.faiss_index import build_faiss, faiss_top_k
-    from utils.search.exact import search_shards
-
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("what", choices=["real", "synthetic"])
     p.add_argument("--index")
@@ -74,11 +75,10 @@ def main():
     args = p.parse_args()
 
     if args.what == "real":
-        from utils.files.dpr import load_dpr
-        from utils.search.index import Index
-
         index = Index.load(args.index)
-        q = index.retriever.encode_questions([x["question"] for x in load_dpr(args.questions)]).numpy()
+        retriever = Retriever(index.model_dir)  # the retriever that built it, checked
+        retriever.check_index(index, args.index)
+        q = retriever.encode_questions([x["question"] for x in load_dpr(args.questions)]).numpy()
         source = f"{args.index} ({index.count} passages, {sum(len(v.embeddings) for v in index.shards)} vectors)"
     else:
         index, q = synthetic(args.vectors, 384, args.clusters, args.queries)

@@ -34,15 +34,17 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from utils.files.corpus import load_passages  # noqa: E402
+from utils.retriever.retriever import Retriever  # noqa: E402
+from utils.retriever.sentence_windows import sentence_windows  # noqa: E402
+from utils.retriever.sentences import split_sentences  # noqa: E402
+from utils.retriever.settings import PASSAGE_ENCODER  # noqa: E402
+from utils.search.index import Index  # noqa: E402
+
 
 def throughput(args) -> dict:
     import torch
     from sentence_transformers import SentenceTransformer
-
-    from utils.files.corpus import load_passages
-    from utils.retriever.retriever import Retriever
-    from utils.retriever.sentence_windows import sentence_windows
-    from utils.retriever.settings import PASSAGE_ENCODER
 
     retriever = Retriever(args.retriever, device="cpu", batch_size=args.batch_size)
     passages = load_passages(args.passages)
@@ -92,9 +94,6 @@ def _seconds(fn, texts) -> float:
 
 def make_corpus(source: str, size: int, path: str, seed: int = 0) -> None:
     """`size` passages of 2-6 shuffled sentences of the source corpus (titles kept from the sentence's passage)."""
-    from utils.files.corpus import load_passages
-    from utils.retriever.sentences import split_sentences
-
     sentences = [(p["title"], s) for p in load_passages(source) for s in split_sentences(p["text"])]
     rng = np.random.default_rng(seed)
     with open(path, "w", encoding="utf-8") as f:
@@ -161,8 +160,6 @@ def fresh(path: str) -> None:
 
 
 def scale(args) -> dict:
-    from utils.search.index import Index
-
     if os.path.exists(args.work) and os.listdir(args.work) and not os.path.exists(os.path.join(args.work, MARK)):
         raise SystemExit(f"--work {args.work} holds files this benchmark did not write: give an empty or new directory")
     os.makedirs(args.work, exist_ok=True)

@@ -29,6 +29,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
+from conftest import free_port  # noqa: E402
+from utils.files.squad import load_questions  # noqa: E402
+
 
 def start(args, max_batch: int, port: int):
     """serve.py as its own process, once /health says ready (its output in serve-benchmark-MAX_BATCH.log in the
@@ -119,9 +122,6 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-
-    from conftest import free_port
-    from utils.files.squad import load_questions
 
     questions = [q["question"] for q in load_questions(args.questions, need_context=False)]
     rows, reference, memory = [], None, {}

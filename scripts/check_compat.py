@@ -190,10 +190,10 @@ def project_retrieval(out):
             "settings": {k: getattr(retriever.settings, k) for k in ("pooling", "similarity", "embed_title",
                                                                     "window_sentences", "max_query_length",
                                                                     "max_passage_length", "precision")},
-            "top5": [[[h["passage_id"], h["score"]] for h in hits] for hits in index.search(questions, k=5)],
+            "top5": [[[h["passage_id"], h["score"]] for h in hits] for hits in retriever.search(index, questions, k=5)],
             "question_embeddings": retriever.encode_questions(questions).tolist(),
             "texts": [{"title": w["title"], "text": w["text"], "passage_id": w["passage_id"]} for w in windows],
-            "text_embeddings": [list(map(float, row)) for row in index.vectors.embeddings],
+            "text_embeddings": [list(map(float, row)) for row in index.shards[0].embeddings],  # one shard in memory
         }
     return result
 
