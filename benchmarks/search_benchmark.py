@@ -28,6 +28,12 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from utils.search.exact import top_k  # noqa: E402
+from utils.search.shards import merged_top_k, shard  # noqa: E402
+from utils.search.vectors import Vectors  # noqa: E402
+
 CHUNK = 65536
 
 
@@ -48,10 +54,6 @@ def peak_rss_mb() -> float:
 
 def worker(args) -> None:
     import torch
-
-    sys.path.insert(0, ROOT)
-    from utils.search.exact import Vectors, top_k
-    from utils.search.shards import merged_top_k, shard
 
     queries = draw(0, args.questions, args.dim, args.seed + 1)
     w, result = args.windows, {}
