@@ -28,9 +28,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 
+from benchmarks.amp_benchmark import machine  # noqa: E402  (the project root is on the path from here)
+from utils.files.corpus import load_passages, passage_key  # noqa: E402
+from utils.files.dpr import evaluation_corpus, load_dpr  # noqa: E402
+from utils.loop.args import packaged_minilm  # noqa: E402
+from utils.search.ranking import gold_ranks, retrieval_metrics  # noqa: E402
+
 
 def subset(args) -> list[dict]:
-    from utils.files.dpr import load_dpr
     return load_dpr(args.train_file)[: args.questions]
 
 
@@ -70,9 +75,6 @@ def run_st(args, result_path) -> None:
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from sentence_transformers.sentence_transformer.training_args import BatchSamplers
 
-    from utils.files.corpus import load_passages, passage_key
-    from utils.files.dpr import evaluation_corpus, load_dpr
-    from utils.search.ranking import gold_ranks, retrieval_metrics
 
     text = lambda c: f"{c['title']} {c['text']}"  # noqa: E731
     rows = subset(args)
@@ -127,7 +129,6 @@ def main():
     p.add_argument("--st_result", help=argparse.SUPPRESS)  # set on the child process that runs the ST side
     args = p.parse_args()
     if args.model is None:
-        from utils.loop.args import packaged_minilm
         args.model = packaged_minilm()
     if args.st_result:
         return run_st(args, args.st_result)
@@ -148,8 +149,6 @@ def main():
 
 
 def write(rows, args):
-    from benchmarks.amp_benchmark import machine
-
     device, description = machine()
     fields = list(rows[0])
     lines = [f"Machine: {description}", "",
