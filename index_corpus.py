@@ -25,7 +25,7 @@ import logging
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from utils.loop.args import arg, check_at_least_one, check_input_files, parse_args, process_group_timeout_arg
+from utils.loop.args import Flags, arg, parse_args, process_group_timeout_arg
 from utils.errors import UserError, exit_on_user_error
 from utils.loop.process import finish, make_accelerator, peak_memory_mb
 from utils.retriever.index_writer import build_index
@@ -34,7 +34,7 @@ from utils.retriever.settings import RetrieverSettings
 
 
 @dataclass
-class IndexArgs:
+class IndexArgs(Flags):
     retriever: str = arg(None, "A retriever trained by train_dpr.py (its output directory).")
     passages: str = arg(None, "The corpus: JSON lines of {title, text, passage_id}, read as a stream.")
     output_dir: str = arg(None, "The index directory to write (or to finish: the same command resumes it).")
@@ -53,9 +53,9 @@ class IndexArgs:
     def validate(self) -> None:
         if not self.retriever or not self.passages or not self.output_dir:
             raise UserError("give --retriever (a trained retriever), --passages (the corpus) and --output_dir")
-        check_input_files(self, "passages")
+        self.check_input_files("passages")
         RetrieverSettings.load(self.retriever)
-        check_at_least_one(self, "batch_size", "chunk_passages", "process_group_timeout")
+        self.check_at_least_one("batch_size", "chunk_passages", "process_group_timeout")
 
 
 @exit_on_user_error

@@ -37,7 +37,7 @@ from typing import Optional
 
 from accelerate.utils import gather_object
 
-from utils.loop.args import arg, check_at_least_one, check_input_files, parse_args, process_group_timeout_arg
+from utils.loop.args import arg, parse_args, process_group_timeout_arg
 from utils.errors import UserError, exit_on_user_error
 from utils.files.jsonfiles import json_line, write_json
 from utils.loop.output_dir import prepare_output_dir, publish_dir
@@ -75,9 +75,9 @@ class QAArgs(SystemArgs):
     def validate(self) -> None:
         if not self.questions:
             raise UserError("give --questions (and --retriever, --reader, the corpus)")
-        check_input_files(self, "questions", "validation_file")
+        self.check_input_files("questions", "validation_file")
         self.validate_system()
-        check_at_least_one(self, "top_k", "max_questions", "process_group_timeout")
+        self.check_at_least_one("top_k", "max_questions", "process_group_timeout")
         if min(self.eval_k) < 1:
             raise UserError(f"--eval_k must be at least 1 (got {min(self.eval_k)})")
         self.eval_k = sorted(set(self.eval_k))

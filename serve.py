@@ -33,7 +33,7 @@ import uvicorn
 
 from utils.errors import UserError, exit_on_user_error
 from utils.files.corpus import load_passages
-from utils.loop.args import arg, check_at_least_one, parse_args
+from utils.loop.args import arg, parse_args
 from utils.search.index import Index
 from utils.system.inputs import SystemArgs, build_system
 from utils.system.server import Limits, create_app
@@ -57,7 +57,7 @@ class ServeArgs(SystemArgs):
 
     def validate(self) -> None:
         self.validate_system()
-        check_at_least_one(self, "k", "max_k", "max_questions", "max_question_chars", "max_batch", "max_body_bytes")
+        self.check_at_least_one("k", "max_k", "max_questions", "max_question_chars", "max_batch", "max_body_bytes")
         if self.k > self.max_k or self.max_k > 100:
             raise UserError(f"--k ({self.k}) must be at most --max_k ({self.max_k}), and --max_k at most 100")
         if self.max_questions > self.max_batch and self.max_batch > 1:

@@ -28,14 +28,13 @@ AutoModel), with --export_dpr also dpr_question_encoder/ and dpr_context_encoder
 rankings.jsonl (per-question top passages) and train_log.jsonl.
 """
 
-import dataclasses
 import logging
 import os
 from dataclasses import dataclass
 from typing import Literal, Optional
 
 from utils.errors import UserError, exit_on_user_error
-from utils.loop.args import (TrainArgs, arg, check_input_files, check_model_dir, packaged_minilm, parse_args,
+from utils.loop.args import (TrainArgs, arg, check_model_dir, packaged_minilm, parse_args,
                              precision_as_trained)
 from utils.loop.optim import build_optimizer
 from utils.loop.process import setup
@@ -136,7 +135,7 @@ class DPRArgs(TrainArgs):
             self.model_name_or_path, QUERY_ENCODER if recorded.shared_encoder else PASSAGE_ENCODER)
 
     def validate(self):
-        check_input_files(self, "train_file", "validation_file", "passages")
+        self.check_input_files("train_file", "validation_file", "passages")
         for name in ("query_model_name_or_path", "passage_model_name_or_path"):
             check_model_dir(getattr(self, name), name)
         if not self.do_train:
@@ -164,9 +163,6 @@ class DPRArgs(TrainArgs):
             self.config(config)  # their own checks, before anything is loaded
         super().validate()
 
-    def config(self, cls):
-        """A utils.retriever.config dataclass, each field from the flag of its name."""
-        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
 
 
 @exit_on_user_error

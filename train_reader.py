@@ -39,7 +39,6 @@ model and reader_settings.json (load it with utils.reader.Reader), predictions.j
 eval_results.json and train_log.jsonl.
 """
 
-import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ from typing import Optional
 
 from utils.errors import UserError, exit_on_user_error
 from utils.files.squad import is_impossible
-from utils.loop.args import (TrainArgs, arg, check_input_files, check_model_dir, packaged_minilm, parse_args,
+from utils.loop.args import (TrainArgs, arg, check_model_dir, packaged_minilm, parse_args,
                              precision_as_trained)
 from utils.loop.batching import pad_batch
 from utils.loop.optim import build_optimizer
@@ -123,12 +122,9 @@ class ReaderArgs(TrainArgs):
     preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
     cache_dir: Optional[str] = arg(None, "Cache for tokenised datasets (default: ~/.cache/qa-amp).")
 
-    def config(self, cls):
-        """A utils.reader.config dataclass, each field from the flag of its name: its checks run as it is built."""
-        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
 
     def validate(self):
-        check_input_files(self, "train_file", "validation_file", "predict_file", "passages")
+        self.check_input_files("train_file", "validation_file", "predict_file", "passages")
         self.config(PassagesConfig)
         check_model_dir(self.model_name_or_path, "model_name_or_path")
         # A trained reader is read as it was trained: its recorded windows and decoding, unless a flag says otherwise

@@ -39,19 +39,6 @@ def arg(default, help: str, **kwargs):
     return field(default=default, metadata={"help": help, **kwargs})
 
 
-def check_input_files(args, *names: str) -> None:
-    """Each of these flags, where given, names a file that exists. Checked before any other check, so that a
-    mistyped path is what the error is about."""
-    for name in names:
-        path = getattr(args, name)
-        if path is None:
-            continue
-        if os.path.isdir(path):
-            raise UserError(f"--{name} {path}: is a directory, not a file")
-        if not os.path.isfile(path):
-            raise UserError(f"--{name} {path}: no such file")
-
-
 def check_model_dir(path: str, flag: str) -> None:
     """A local directory given as a model must hold one (a hub name is left to the loading that follows)."""
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
@@ -83,16 +70,41 @@ def process_group_timeout_arg():
                                       "long, as BM25 over a large corpus.")
 
 
-def check_at_least_one(args, *names: str) -> None:
-    """Count flags must be at least 1 where given (None: not given)."""
-    for name in names:
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UserError(f"--{name} must be at least 1 (got {value})")
+class Flags:
+    """What every script's flags dataclass (TrainArgs and the scripts' own) does with itself: its own checks, the
+    small typed configs built from it for the code below (a config's fields are named as the flags), and its record
+    for trackers. Code under utils/ takes the configs, never a Flags."""
+
+    def check_input_files(self, *names: str) -> None:
+        """Each of these flags, where given, names a file that exists. Checked before any other check, so that a
+        mistyped path is what the error is about."""
+        for name in names:
+            path = getattr(self, name)
+            if path is None:
+                continue
+            if os.path.isdir(path):
+                raise UserError(f"--{name} {path}: is a directory, not a file")
+            if not os.path.isfile(path):
+                raise UserError(f"--{name} {path}: no such file")
+
+    def check_at_least_one(self, *names: str) -> None:
+        """Count flags must be at least 1 where given (None: not given)."""
+        for name in names:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserError(f"--{name} must be at least 1 (got {value})")
+
+    def config(self, cls):
+        """A config dataclass `cls`, each field from the flag of its name: its checks run as it is built."""
+        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
+
+    def as_dict(self) -> dict:
+        """The flags as a flat dict: what trackers record of the run."""
+        return dataclasses.asdict(self)
 
 
 @dataclass
-class TrainArgs:
+class TrainArgs(Flags):
     overwrite_output_dir: bool = arg(
         False, "Use output_dir even if it holds a trained model, checkpoints or outputs of an earlier run, or files of "
         "no run of this project: training deletes the checkpoints at the start and everything else when the new model "
@@ -142,7 +154,7 @@ class TrainArgs:
     def validate(self) -> None:
         """The checks of the flags that build no config; the loop's own checks run as its config is built
         (utils.loop.config). Subclasses extend it and call it last, once their defaults are filled in."""
-        check_at_least_one(self, "per_device_eval_batch_size", "max_train_samples", "max_eval_samples")
+        self.check_at_least_one("per_device_eval_batch_size", "max_train_samples", "max_eval_samples")
         if self.use_amp and self.mixed_precision not in (None, "fp16"):
             raise UserError(f"--use_amp means fp16 but --mixed_precision {self.mixed_precision} was also given")
         self.loop_config()
@@ -164,7 +176,7 @@ class TrainArgs:
             eval_steps=self.eval_steps, early_stopping_patience=self.early_stopping_patience,
             logging_steps=self.logging_steps, checkpointing_steps=self.checkpointing_steps,
             checkpoints_total_limit=self.checkpoints_total_limit, resume_from_checkpoint=self.resume_from_checkpoint,
-            overwrite_output_dir=self.overwrite_output_dir, report_to=self.report_to, hparams=as_config(self))
+            overwrite_output_dir=self.overwrite_output_dir, report_to=self.report_to, hparams=self.as_dict())
 
     @property
     def requested_precision(self) -> Optional[str]:
@@ -225,8 +237,3 @@ def check_max_length(model_name_or_path: str, tokenizer, **lengths: int) -> None
     for flag, value in lengths.items():
         if value > limit:
             raise UserError(f"--{flag} {value} is more than the {limit} tokens {model_name_or_path} can take")
-
-
-def as_config(args) -> dict:
-    """Flat dict of the arguments for trackers and the saved run configuration."""
-    return {k: v for k, v in dataclasses.asdict(args).items()}

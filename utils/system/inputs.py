@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from utils.errors import UserError
-from utils.loop.args import arg, check_at_least_one, check_input_files
+from utils.loop.args import Flags, arg
 from utils.reader.trained import Reader, check_reader_dir
 from utils.retriever.index_writer import build_index
 from utils.retriever.retriever import Retriever
@@ -42,7 +42,7 @@ class SystemConfig:
 
 
 @dataclass
-class SystemArgs:
+class SystemArgs(Flags):
     retriever: str = arg(None, "A retriever trained by train_dpr.py (its output directory), or bm25.")
     reader: str = arg(None, "A reader trained by train_reader.py (its output directory, or another local extractive "
                             "QA model directory).")
@@ -71,7 +71,7 @@ class SystemArgs:
         """The models and the corpus, checked before anything is loaded or created (one-line errors)."""
         if not self.retriever or not self.reader:
             raise UserError("give --retriever (a trained retriever or bm25) and --reader")
-        check_input_files(self, "passages")
+        self.check_input_files("passages")
         check_reader_dir(self.reader)
         if self.retriever != "bm25":
             if not os.path.isdir(self.retriever):
@@ -84,7 +84,7 @@ class SystemArgs:
             raise UserError("--index holds dense vectors: the BM25 retriever needs --passages")
         if self.index is not None and not os.path.isdir(self.index):
             raise UserError(f"--index {self.index}: no such directory")
-        check_at_least_one(self, "batch_size")
+        self.check_at_least_one("batch_size")
         if self.retriever_weight is not None and not self.retriever_weight >= 0:
             raise UserError(f"--retriever_weight must be 0 or more (got {self.retriever_weight})")
 
