@@ -18,8 +18,8 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       --shared_encoder --per_device_train_batch_size 32 --learning_rate 5e-5 --num_train_epochs 2 \
       --refresh_negatives_every 100 --eval_steps 138 --checkpointing_steps 138 --eval_before_training false \
       --window_sentences 1 --num_hard_negatives 3
-      The real-data run (its scores and time: docs/RESULTS.md): trained and ranked on sentences, the dense
-      ranking beats BM25's, and the hybrid with BM25 beats both.
+      The real-data run (its scores and time: docs/RESULTS.md): trained and ranked on sentences, evaluated dense,
+      BM25 and hybrid.
 
 Skeleton (as train_reader.py): config -> data -> model -> utils.loop.run (fit, validate, publish). The flags become
 the configs utils/ takes (utils/retriever/config.py, utils/loop/config.py); the task is utils/retriever/dpr_task.py.
@@ -162,7 +162,6 @@ class DPRArgs(TrainArgs):
         for config in (EncoderConfig, NegativesConfig, LossConfig, EvaluationConfig):
             self.config(config)  # their own checks, before anything is loaded
         super().validate()
-
 
 
 @exit_on_user_error

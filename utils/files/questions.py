@@ -1,4 +1,4 @@
-"""The one check of a list of questions, for every way questions come in: the Python API (Index.search,
+"""The one check of a list of questions, for every way questions come in: the Python API (Retriever.search,
 Retriever.encode_questions, QASystem.ask) and the server's requests (utils.system.server), which add their limits.
 
 A question is a string that holds more than whitespace and can be written as UTF-8: a lone surrogate, which Python

@@ -1,6 +1,7 @@
-"""Typed arguments shared by both scripts: one dataclass per script, a help string per field, checks in one place.
+"""The flags every script shares: one dataclass per script, a help string per field, checks in one place.
 
-`TrainArgs` holds the settings of the shared loop, precision handling and checkpointing that mean the same in
+`Flags` is what every script's flags dataclass does with itself (its checks, the configs built from it). `TrainArgs`
+holds the settings of the shared loop, precision handling and checkpointing that mean the same in
 every task. Each script subclasses it with its data and model fields and with the loop settings whose default
 depends on the task: output_dir, learning_rate, num_train_epochs, per_device_train_batch_size,
 metric_for_best_model and group_by_length (the loop reads them; a task's Args must declare them).
