@@ -9,6 +9,15 @@ class UserError(Exception):
     """Something the user can fix (a flag, a path, a malformed example). The message is the whole report."""
 
 
+def check_at_least_one(settings, *names: str) -> None:
+    """Count settings must be at least 1 where given (None: not given): the one check of counts, for flags and
+    configs alike (a config's fields are named as its flags, so the error names the flag)."""
+    for name in names:
+        value = getattr(settings, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name} must be at least 1 (got {value})")
+
+
 class Interrupted(Exception):
     """Ctrl-C during training. The message says where the run stopped and how to resume it."""
 

@@ -19,7 +19,7 @@ from typing import Literal, Optional
 
 from transformers import AutoConfig, HfArgumentParser
 
-from utils.errors import UserError
+from utils.errors import UserError, check_at_least_one
 from utils.loop.config import LoopConfig, OptimizerConfig
 
 # RoBERTa-style models number positions from pad_token_id + 1: max_position_embeddings - pad_token_id - 1 usable.
@@ -90,10 +90,7 @@ class Flags:
 
     def check_at_least_one(self, *names: str) -> None:
         """Count flags must be at least 1 where given (None: not given)."""
-        for name in names:
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UserError(f"--{name} must be at least 1 (got {value})")
+        check_at_least_one(self, *names)
 
     def config(self, cls):
         """A config dataclass `cls`, each field from the flag of its name: its checks run as it is built."""

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from utils.errors import UserError
+from utils.errors import UserError, check_at_least_one
 
 
 @dataclass(frozen=True)
@@ -80,12 +80,9 @@ class LoopConfig:
     """The run's settings as trackers record them (the script's flags)."""
 
     def __post_init__(self):
-        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps", "max_train_steps",
-                     "eval_steps", "checkpointing_steps", "checkpoints_total_limit", "early_stopping_patience",
-                     "process_group_timeout"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UserError(f"--{name} must be at least 1 (got {value})")
+        check_at_least_one(self, "per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps",
+                           "max_train_steps", "eval_steps", "checkpointing_steps", "checkpoints_total_limit",
+                           "early_stopping_patience", "process_group_timeout")
         if not self.num_train_epochs > 0:  # also with --max_train_steps: a negative count is a typo, not "ignore"
             raise UserError(f"--num_train_epochs must be positive (got {self.num_train_epochs})")
         if self.max_grad_norm < 0:

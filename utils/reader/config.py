@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from utils.errors import UserError
+from utils.errors import UserError, check_at_least_one
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,7 @@ class WindowConfig:
         if not 0 <= self.doc_stride < context:
             raise UserError(f"--doc_stride ({self.doc_stride}) must be smaller than the context part of a window "
                             f"(max_seq_length - max_query_length - 3 = {context})")
-        if self.preprocessing_num_workers is not None and self.preprocessing_num_workers < 1:
-            raise UserError(f"--preprocessing_num_workers must be at least 1 (got {self.preprocessing_num_workers})")
+        check_at_least_one(self, "preprocessing_num_workers")
 
     @property
     def pad_multiple(self) -> int:

@@ -13,14 +13,7 @@ from typing import Optional
 
 from accelerate.utils import DistributedType
 
-from utils.errors import UserError
-
-
-def _at_least_one(config, *names: str) -> None:
-    for name in names:
-        value = getattr(config, name)
-        if value is not None and value < 1:
-            raise UserError(f"--{name} must be at least 1 (got {value})")
+from utils.errors import UserError, check_at_least_one
 
 
 @dataclass(frozen=True)
@@ -59,7 +52,7 @@ class EncoderConfig:
             raise UserError(f"--similarity must be dot or cosine (got {self.similarity})")
         if self.window_sentences < 0:
             raise UserError("--window_sentences must be >= 0 (0: whole passages)")
-        _at_least_one(self, "length_buckets")
+        check_at_least_one(self, "length_buckets")
         if self.export_dpr and self.pooling != "cls":
             raise UserError("--export_dpr needs --pooling cls: transformers' DPR encoders pool the [CLS] token")
 
@@ -78,7 +71,7 @@ class NegativesConfig:
     def __post_init__(self):
         if self.num_hard_negatives < 0:
             raise UserError("--num_hard_negatives must be >= 0")
-        _at_least_one(self, "refresh_negatives_every")
+        check_at_least_one(self, "refresh_negatives_every")
         if self.refresh_negatives_every and self.num_hard_negatives < 1:
             raise UserError("--refresh_negatives_every needs --num_hard_negatives of at least 1")
 
@@ -94,7 +87,7 @@ class LossConfig:
     def __post_init__(self):
         if self.temperature <= 0:
             raise UserError("--temperature must be positive")
-        _at_least_one(self, "grad_cache_chunk_size")
+        check_at_least_one(self, "grad_cache_chunk_size")
 
     def check_distributed(self, distributed_type) -> None:
         """Refused before anything trains, once the hardware layout is known."""
