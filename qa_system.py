@@ -37,14 +37,14 @@ from typing import Optional
 
 from accelerate.utils import gather_object
 
-from utils.loop.args import arg, parse_args, process_group_timeout_arg
 from utils.errors import UserError, exit_on_user_error
+from utils.files.corpus import load_passages
 from utils.files.jsonfiles import json_line, write_json
+from utils.files.squad import load_questions
+from utils.loop.args import arg, parse_args, process_group_timeout_arg
 from utils.loop.output_dir import prepare_output_dir, publish_dir
 from utils.loop.process import finish, make_accelerator
-from utils.files.squad import load_questions
 from utils.reader.trained import fingerprint
-from utils.files.corpus import load_passages
 from utils.search.index import Index
 from utils.system.answer import combine
 from utils.system.inputs import SystemArgs, build_system

@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from utils.errors import UserError, exit_on_user_error
-from utils.loop.args import (TrainArgs, arg, check_model_dir, packaged_minilm, parse_args,
-                             precision_as_trained)
+from utils.loop.args import TrainArgs, arg, check_model_dir, packaged_minilm, parse_args, precision_as_trained
 from utils.loop.optim import build_optimizer
 from utils.loop.process import setup
 from utils.loop.run import run

@@ -46,8 +46,7 @@ from typing import Optional
 
 from utils.errors import UserError, exit_on_user_error
 from utils.files.squad import is_impossible
-from utils.loop.args import (TrainArgs, arg, check_model_dir, packaged_minilm, parse_args,
-                             precision_as_trained)
+from utils.loop.args import TrainArgs, arg, check_model_dir, packaged_minilm, parse_args, precision_as_trained
 from utils.loop.batching import pad_batch
 from utils.loop.optim import build_optimizer
 from utils.loop.process import setup

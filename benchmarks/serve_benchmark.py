@@ -30,6 +30,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from conftest import free_port  # noqa: E402
+
 from utils.files.squad import load_questions  # noqa: E402
 
 

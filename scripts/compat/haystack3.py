@@ -91,8 +91,8 @@ def haystack3_retrieval(out, reference):
     from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever
     from haystack.document_stores.in_memory import InMemoryDocumentStore
     from haystack.utils import ComponentDevice
-    from haystack_integrations.components.embedders.sentence_transformers import (
-        SentenceTransformersDocumentEmbedder, SentenceTransformersTextEmbedder)
+    from haystack_integrations.components.embedders.sentence_transformers import (SentenceTransformersDocumentEmbedder,
+                                                                                  SentenceTransformersTextEmbedder)
 
     sys.path.insert(0, ROOT)
     from utils.sentences import window_texts  # the project's split (standard library only)

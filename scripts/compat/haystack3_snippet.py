@@ -7,8 +7,7 @@ import os
 import re
 import sys
 
-from compat.common import (ATOL, ROOT, SAMPLE, SCORE_TOL, SNIPPET_RETRIEVERS, agreement, max_diff,
-                           retrieval_questions)
+from compat.common import ATOL, ROOT, SAMPLE, SCORE_TOL, SNIPPET_RETRIEVERS, agreement, max_diff, retrieval_questions
 from compat.token_types import WithTokenTypes
 
 SNIPPET_PAGE = os.path.join("docs", "COMPATIBILITY.md")  # the Haystack 3.x section's snippet

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from utils.errors import Interrupted, UserError
+from utils.files.jsonfiles import json_line
 from utils.loop.checkpoints import (checkpoint_dir, list_checkpoints, replace_dir, resolve_resume, restore_best_model,
                                     save_checkpoint, supersede_later_checkpoints)
-from utils.errors import Interrupted, UserError
 from utils.loop.config import LoopConfig
-from utils.files.jsonfiles import json_line
 from utils.loop.optim import optimizer_step
 from utils.loop.process import bare_model, full_state_dict, tracker_config
 from utils.loop.task import Task

@@ -4,10 +4,10 @@ eval_results.json together (utils.loop.output_dir)."""
 
 import os
 
+from utils.files.jsonfiles import write_json
 from utils.loop.checkpoints import resolve_resume
 from utils.loop.config import LoopConfig
 from utils.loop.fit import LoopState, Plan, evaluate_without_grad, fit, plan_steps
-from utils.files.jsonfiles import write_json
 from utils.loop.optim import build_scheduler, optimizer_name
 from utils.loop.output_dir import publish_dir
 from utils.loop.process import bare_model, finish, full_state_dict, machine_kind, peak_memory_mb

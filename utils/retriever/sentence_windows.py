@@ -6,8 +6,8 @@ with the window of its passage that holds its answer."""
 import numpy as np
 
 from utils.files.answers import answer_patterns, holds_answer, normalized
-from utils.search.bm25 import terms
 from utils.files.corpus import passage_key, text_key
+from utils.search.bm25 import terms
 from utils.sentences import window_texts
 
 

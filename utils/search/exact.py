@@ -21,7 +21,6 @@ from utils.search.kbest import KBest
 from utils.search.shards import max_scores, merge_columns, merged_top_k, summed_counts
 from utils.search.vectors import Vectors, blocks, vector_blocks
 
-
 # Queries scored together: each block of vectors is read once per this many queries, and a block's scores
 # (QUERY_BLOCK x BLOCK_ROWS fp32, 16 MiB) stay below glibc's largest mmap threshold (32 MiB), so their memory is
 # reused from block to block instead of being mapped and faulted in afresh each time.

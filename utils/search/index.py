@@ -30,10 +30,10 @@ from utils.errors import UserError
 from utils.files.jsonfiles import write_json_file
 from utils.loop.output_dir import read_marker, staged_directory
 from utils.search.bm25 import BM25
+from utils.search.exact import score_shards, search_shards
 from utils.search.fusion import gather_candidates, hybrid_ranking
 from utils.search.index_format import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, content_hash,
-                                         holds_index_manifest, map_shard, read_manifest, shard_name)
-from utils.search.exact import score_shards, search_shards
+                                       holds_index_manifest, map_shard, read_manifest, shard_name)
 from utils.search.shards import shard as share_of
 from utils.search.vectors import Vectors
 

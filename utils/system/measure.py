@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-from utils.reader.metrics import best_null_threshold, squad_metrics
 from utils.files.answers import answer_patterns, holds_answer, normalized
+from utils.reader.metrics import best_null_threshold, squad_metrics
 from utils.system.answer import CLIP, answer, combine
 
 
