@@ -194,7 +194,7 @@ def main(argv=None):
     # --- fit, validate, publish ----------------------------------------------------------------------
     if train.groups:  # shared normalization: batches of questions, one softmax over each one's windows
         task = GroupedReaderTask(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config,
-                                 train.groups, train.sampler)
+                                 train.groups)
     else:
         task = ReaderTask(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config)
     run(accelerator, loop, task, model, optimizer, train_loader)

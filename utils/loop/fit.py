@@ -165,6 +165,7 @@ def _fit(accelerator, config: LoopConfig, task, model, optimizer, scheduler, tra
     tick = time.perf_counter()
     while state.step < total_steps and not state.stopped_early and state.epoch < plan.epochs:
         set_epoch(train_loader, state.epoch)
+        task.epoch = state.epoch  # what this epoch's batches are (a task whose inputs are drawn per epoch reads it)
         if state.batch_in_epoch == 0:
             housekeeping = time.perf_counter()
             task.start_epoch(model, state.epoch)

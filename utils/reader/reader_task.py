@@ -155,13 +155,13 @@ class GroupedReaderTask(ReaderTask):
     samples_name = "questions"
 
     def __init__(self, accelerator, tokenizer, dev: EvalSet, with_no_answer: bool, window_config: WindowConfig,
-                 decoding_config: DecodingConfig, groups: QuestionGroups, sampler):
+                 decoding_config: DecodingConfig, groups: QuestionGroups):
         self.passages_per_question = groups.passages_per_question  # > 1: read (and recorded) with one softmax
         super().__init__(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config)
-        self.groups, self.sampler = groups, sampler  # the sampler knows the epoch (the loop sets it)
+        self.groups = groups
 
     def model_inputs(self, batch):
-        return send_to_device(self.groups.batch(batch.tolist(), self.sampler.epoch), self.accelerator.device)
+        return send_to_device(self.groups.batch(batch.tolist(), self.epoch), self.accelerator.device)
 
     def compute_loss(self, model, batch):
         """The shared-normalization loss (utils.reader.shared_norm)."""
@@ -173,4 +173,4 @@ class GroupedReaderTask(ReaderTask):
         return len(batch)  # the loader yields question indices
 
     def tokens_in(self, batch):
-        return self.groups.tokens(batch.tolist(), self.sampler.epoch)
+        return self.groups.tokens(batch.tolist(), self.epoch)

@@ -24,7 +24,6 @@ logger = logging.getLogger("qa-amp")
 @dataclass
 class TrainingBatches:
     loader: DataLoader
-    sampler: LengthGroupedBatchSampler  # the loader's batches; it knows the epoch (the loop sets it)
     groups: QuestionGroups | None  # shared normalization: what a batch of question indices reads; else None
     windows: int  # the training windows tokenised
 
@@ -46,7 +45,7 @@ def training_batches(accelerator, tokenizer, examples: list[dict], window_config
         windows = int(groups.row_lengths.size)
         logger.info("train: %d questions, each with its paragraph and %d of a pool of up to %d retrieved passages "
                     "(%d windows tokenised)", len(groups), groups.count, max(len(p) for p in groups.pools), windows)
-        return TrainingBatches(loader, sampler, groups, windows)
+        return TrainingBatches(loader, groups, windows)
     windows = tokenize_windows(accelerator, tokenizer, examples, window_config, labels="answer")
     if len(windows) == 0:
         raise UserError("no training windows after tokenisation")
@@ -62,4 +61,4 @@ def training_batches(accelerator, tokenizer, examples: list[dict], window_config
                                         epoch_items=epoch_items)
     loader = DataLoader(windows.select_columns(inputs + ["start_positions", "end_positions"]),
                         batch_sampler=sampler, collate_fn=collate, generator=generator)
-    return TrainingBatches(loader, sampler, None, len(windows))
+    return TrainingBatches(loader, None, len(windows))
