@@ -121,7 +121,6 @@ class ReaderArgs(TrainArgs):
     preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
     cache_dir: Optional[str] = arg(None, "Cache for tokenised datasets (default: ~/.cache/qa-amp).")
 
-
     def validate(self):
         self.check_input_files("train_file", "validation_file", "predict_file", "passages")
         self.config(PassagesConfig)
