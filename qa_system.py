@@ -11,7 +11,9 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       ceiling) and questions/s. The no-answer threshold and the weight of the retriever's score in the answer are
       tuned, and the probability of no answer calibrated, on --validation_file for each k (here the same file: an
       upper bound, and said so): give the row's settings to serve.py as --no_answer_threshold, --retriever_weight
-      and --no_answer_calibration. docs/RESULTS.md has the numbers.
+      and --no_answer_calibration. docs/RESULTS.md has the numbers. With --unanswerable_share S (the share of
+      questions expected to have no answer, where it differs from --validation_file's) each k's threshold and
+      calibration move to S by its odds (utils/system/answer.py) and the rows are scored there.
 
   python qa_system.py --retriever bm25 --reader outputs/reader-squad --passages corpus.jsonl \
       --questions questions.jsonl --no_answer_threshold -3.2 --output_dir outputs/qa-bm25
@@ -46,7 +48,7 @@ from utils.loop.output_dir import prepare_output_dir, publish_dir
 from utils.loop.process import finish, make_accelerator
 from utils.reader.trained import fingerprint
 from utils.search.index import Index
-from utils.system.answer import combine
+from utils.system.answer import at_share, combine
 from utils.system.inputs import SystemArgs, build_system
 from utils.system.measure import (combined_at, fit_calibration, labelled, questions_per_second, reading_share, recall,
                                   scores, tune, weight_grid)
@@ -76,7 +78,7 @@ class QAArgs(SystemArgs):
         if not self.questions:
             raise UserError("give --questions (and --retriever, --reader, the corpus)")
         self.check_input_files("questions", "validation_file")
-        self.validate_system()
+        self.validate_system(fits_calibration=self.validation_file is not None and self.no_answer_threshold is None)
         self.check_at_least_one("top_k", "max_questions", "process_group_timeout")
         if min(self.eval_k) < 1:
             raise UserError(f"--eval_k must be at least 1 (got {min(self.eval_k)})")
@@ -153,7 +155,9 @@ def main(argv=None):
     passages = load_passages(args.passages) if args.retriever == "bm25" else None
 
     with publish_dir(accelerator, args.output_dir, state="evaluated") as out:  # all outputs at the end, or none
-        system = build_system(args.system_config(), accelerator, passages, index, index_dir=os.path.join(out, "index"))
+        # the share moves each k's own settings below, so the system itself answers as tuned
+        system = build_system(args.system_config(with_share=False), accelerator, passages, index,
+                              index_dir=os.path.join(out, "index"))
         bands, top_k, clamped = clamp_k(args, len(system.passages))
         bands = sorted(set(bands) | {top_k})
         k = bands[-1]
@@ -182,42 +186,61 @@ def main(argv=None):
             validation questions, or the reader's threshold with no fusion; gold paragraphs, one passage without a
             retrieval score, are read unfused."""
             weight = system.retriever_weight if fuse else 0.0
+            given = tuple(args.no_answer_calibration) if args.no_answer_calibration else None
             if args.no_answer_threshold is not None:
-                return weight, args.no_answer_threshold, args.no_answer_calibration
+                return weight, args.no_answer_threshold, given
             if tuning_readings is None:
-                return weight, system.recorded_threshold, args.no_answer_calibration
+                return weight, system.recorded_threshold, given
             grid = weight_grid(args.retriever_weight) if fuse else [weight]
             weight, threshold = tune(validation, lambda w: combined_at(tuning_readings, kk, system.shared, w), grid)
-            if not fuse or args.no_answer_calibration:  # the gold paragraphs' ceiling needs no calibration
-                return weight, threshold, args.no_answer_calibration
+            if given or (not fuse and args.unanswerable_share is None):  # the ceiling needs none unless moved
+                return weight, threshold, given
             fitted = fit_calibration(validation, combined_at(tuning_readings, kk, system.shared, weight))
             return weight, threshold, fitted
 
+        def moved(threshold, calibration):
+            """(threshold, calibration, why not moved) at --unanswerable_share. A calibration fitted with a slope not
+            above 0 (the log ratio does not order the validation questions' no-answers) moves nothing: the row says
+            why."""
+            if args.unanswerable_share is None:
+                return threshold, calibration, None
+            try:
+                return (*at_share(threshold, calibration, args.unanswerable_share), None)
+            except UserError as err:
+                return threshold, calibration, str(err)
+
         settings = {kk: tuned(v_readings, kk) for kk in bands}
+        # what each k answers with: its settings moved to the expected share of unanswerable questions, if given
+        applied = {kk: (weight, *moved(threshold, calibration)) for kk, (weight, threshold, calibration) in settings.items()}
 
         # --- measure, write ----------------------------------------------------------------------------
         rows = []
         for kk in bands:
             weight, threshold, calibration = settings[kk]
             row = {"k": kk, "threshold": threshold, "retriever_weight": weight,
-                   "no_answer_calibration": calibration,
+                   "no_answer_calibration": calibration}
+            if args.unanswerable_share is not None:
+                row.update(unanswerable_share=args.unanswerable_share, threshold_at_share=applied[kk][1],
+                           **({"not_moved": applied[kk][3]} if applied[kk][3] else {}))
+            row.update({
                    "questions_per_second": questions_per_second(times, kk, len(questions)),
-                   "reading_share": reading_share(times, kk)}
+                   "reading_share": reading_share(times, kk)})
             if is_labelled:
                 row["recall"] = recall(questions, retrieved, kk)
-                row.update(scores(questions, combined_at(readings, kk, system.shared, weight), threshold))
+                row.update(scores(questions, combined_at(readings, kk, system.shared, weight), applied[kk][1]))
             rows.append(row)
         ceiling = None
         if gold is not None:
-            gold_threshold = tuned(v_gold, 1, fuse=False)[1]
-            ceiling = {"threshold": gold_threshold,
-                       **scores(questions, combined_at(gold, 1, system.shared), gold_threshold)}
-        write_outputs(accelerator, out, questions, retrieved, readings, top_k, settings[top_k], system.shared)
+            _, gold_threshold, gold_calibration = tuned(v_gold, 1, fuse=False)
+            at = moved(gold_threshold, gold_calibration)[0]
+            ceiling = {"threshold": gold_threshold, **({"threshold_at_share": at} if at != gold_threshold else {}),
+                       **scores(questions, combined_at(gold, 1, system.shared), at)}
+        write_outputs(accelerator, out, questions, retrieved, readings, top_k, applied[top_k][:3], system.shared)
         write_json(accelerator, os.path.join(out, "eval_results.json"),
                    {"retriever": args.retriever, "reader": args.reader, "questions": args.questions,
                     "passages": len(system.passages), "hybrid": system.hybrid, "threshold_source": source,
                     "rule": "question" if system.shared else "window",
-                    "processes": accelerator.num_processes, "precision": precisions,
+                    "unanswerable_share": args.unanswerable_share, "processes": accelerator.num_processes, "precision": precisions,
                     "precision_as_trained": args.mixed_precision is None, "k_note": clamped, "rows": rows,
                     "gold_paragraphs": ceiling})
     for r in rows:

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files.squad import load_questions  # noqa: E402
-from utils.system.answer import calibrated, calibration_logit  # noqa: E402
+from utils.system.answer import at_share, calibrated  # noqa: E402
 from utils.system.measure import combined_at, fit_calibration, scores, tune, weight_grid  # noqa: E402
 
 
@@ -186,11 +186,10 @@ def _calibrated_across(halves, combined, settings):
         views = combined(scored, weight)
         questions += scored
         probabilities += [calibrated(c["null_minus_best"], calibration) for c in views]
-        share = unanswerable_share(tuning)
-        shift = -math.log(share / (1 - share))  # to odds 1:1
-        decided = [dict(c, null_minus_best=calibration_logit(c["null_minus_best"], calibration) + shift)
-                   for c in views]
-        other = scores(scored, decided, calibration_logit(threshold, calibration))
+        if not calibration[0] > 0:  # the log ratio does not order the tuning half's no-answers: no cut to move
+            moved.append(float("nan"))
+            continue
+        other = scores(scored, views, at_share(threshold, calibration, 0.5)[0])  # to odds 1:1, as qa_system.py moves
         moved.append((other.get("HasAns_f1", float("nan")) + other.get("NoAns_f1", float("nan"))) / 2)
     return (*_calibration(questions, [{"null_minus_best": p} for p in probabilities]), moved)
 

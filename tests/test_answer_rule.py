@@ -66,10 +66,63 @@ def test_the_calibration_recovers_a_known_probability_and_gives_it_for_either_ru
     x = rng.normal(0, 3, size=20000)
     unanswerable = rng.random(x.size) < 1 / (1 + np.exp(-(1.5 * x - 1.0)))  # P(no answer) = sigmoid(1.5 x - 1)
     questions = [{"answers": {"text": [] if u else ["a"]}} for u in unanswerable]
-    a, b = fit_calibration(questions, [{"null_minus_best": v} for v in x])
+    a, b, share = fit_calibration(questions, [{"null_minus_best": v} for v in x])
     assert a == pytest.approx(1.5, abs=0.08) and b == pytest.approx(-1.0, abs=0.08)
+    assert share == unanswerable.mean()  # the prior the probability holds
     assert calibrated(0.0, (1.5, -1.0)) == pytest.approx(1 / (1 + math.exp(1.0)))
     assert calibrated(math.inf, (1.5, -1.0)) == pytest.approx(1.0) and calibrated(-math.inf, (1.5, -1.0)) < 1e-30
     spans = [{"passage_id": "a", "text": "x", "score": 2.0, "null_minus_best": 1.0}]
     assert combine(spans)["no_answer_probability"] is None  # no probability without a calibration, this rule
     assert combine(spans, calibration=(1.5, -1.0))["no_answer_probability"] == pytest.approx(calibrated(1.0, (1.5, -1.0)))
+
+
+def test_the_share_moves_the_cut_by_its_odds_by_hand():
+    """at_share: a calibration (a=2, b=-1) fitted where 20% had no answer, moved to 50%: the log odds rise by
+    log(1) - log(0.25) = log 4, so b by log 4 and the threshold by -log 4 / 2; the probability at the old threshold
+    under the old calibration is the probability at the new threshold under the new one (the same cut)."""
+    from utils.system.answer import at_share, calibrated
+
+    threshold, calibration = at_share(-3.0, (2.0, -1.0, 0.2), 0.5)
+    assert threshold == pytest.approx(-3.0 - math.log(4) / 2)
+    assert calibration == pytest.approx((2.0, -1.0 + math.log(4), 0.5))
+    assert calibrated(threshold, calibration) == pytest.approx(calibrated(-3.0, (2.0, -1.0)))
+    assert calibrated(0.0, calibration) == pytest.approx(1 / (1 + math.exp(1.0 - math.log(4))))
+    assert at_share(-3.0, (2.0, -1.0, 0.2), 0.2) == (-3.0, (2.0, -1.0, 0.2))  # the fitted share: nothing moves
+    assert at_share(None, (2.0, -1.0, 0.2), 0.5)[0] is None  # a reader that always answers still does
+    assert at_share(-3.0, (2.0, -1.0), None) == (-3.0, (2.0, -1.0))  # no share: as given
+    assert at_share(-3.0, (2.0, -1.0, 0.2), 0.1)[0] > -3.0  # fewer unanswerable expected: abstain less often
+
+
+@pytest.mark.parametrize("share, calibration, words", [
+    (0.0, (2.0, -1.0, 0.2), "strictly between 0 and 1"), (1.0, (2.0, -1.0, 0.2), "strictly between 0 and 1"),
+    (0.5, None, "A B SHARE"), (0.5, (2.0, -1.0), "A B SHARE"), (0.5, (-2.0, -1.0, 0.2), "slope A above 0")])
+def test_a_share_that_cannot_move_the_cut_is_refused_in_one_line(share, calibration, words):
+    from utils.errors import UserError
+    from utils.system.answer import at_share
+
+    with pytest.raises(UserError, match=words) as err:
+        at_share(-3.0, calibration, share)
+    assert "\n" not in str(err.value)
+
+
+def test_a_calibration_moved_to_another_share_is_the_one_fitted_there():
+    """Two populations with the same readings per class (x ~ N(2, 2) without an answer, N(-2, 2) with one), 20% and
+    50% unanswerable: the calibration fitted on the first and moved to 50% is, within sampling error, the one fitted
+    on the second (Bayes' rule: only the prior differs)."""
+    import numpy as np
+
+    from utils.system.answer import at_share
+    from utils.system.measure import fit_calibration
+
+    rng = np.random.default_rng(1)
+
+    def sample(share, n=40000):
+        unanswerable = rng.random(n) < share
+        x = np.where(unanswerable, rng.normal(2, 2, n), rng.normal(-2, 2, n))
+        return [{"answers": {"text": [] if u else ["a"]}} for u in unanswerable], [{"null_minus_best": v} for v in x]
+
+    fitted = fit_calibration(*sample(0.2))
+    _, moved = at_share(0.0, fitted, 0.5)
+    there = fit_calibration(*sample(0.5))
+    assert moved[0] == pytest.approx(there[0], abs=0.05) and moved[1] == pytest.approx(there[1], abs=0.08)
+    assert there[0] == pytest.approx(1.0, abs=0.05) and there[1] == pytest.approx(0.0, abs=0.05)  # 4x/4 by hand

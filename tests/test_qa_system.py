@@ -133,7 +133,7 @@ def test_the_api_at_a_runs_settings_answers_as_the_run(models, tmp_path):
     assert row["retriever_weight"] == 4.0
     predictions = json.load(open(f"{out}/predictions.json"))
     questions = [q for a in json.load(open(f"{SAMPLE}/dev.json"))["data"] for p in a["paragraphs"] for q in p["qas"]]
-    assert len(row["no_answer_calibration"]) == 2  # fitted with the threshold
+    assert len(row["no_answer_calibration"]) == 3  # fitted with the threshold, with its share of unanswerable
     system = QASystem(models[1], models[0], passages=f"{SAMPLE}/dpr_passages.jsonl", device="cpu", retriever_weight=4.0,
                       calibration=row["no_answer_calibration"])
     asked = system.ask([q["question"] for q in questions], k=3, threshold=row["threshold"])
@@ -147,6 +147,44 @@ def test_the_api_at_a_runs_settings_answers_as_the_run(models, tmp_path):
     unfused = QASystem(models[1], models[0], passages=f"{SAMPLE}/dpr_passages.jsonl", device="cpu")
     assert [a["answer"] for a in unfused.ask([q["question"] for q in questions], k=3, threshold=None)] != \
         [a["answer"] for a in system.ask([q["question"] for q in questions], k=3, threshold=None)]  # it weighs
+
+
+def test_the_share_moves_each_rows_cut_by_its_odds_and_the_api_given_it_answers_as_the_run(models, tmp_path):
+    """--unanswerable_share S: each row's threshold moves from the one tuned on --validation_file by
+    -(log_odds(S) - log_odds(fitted share)) / a (by hand from the row), the row is scored there (its predictions
+    abstain exactly where the log ratio passes it), and QASystem given the row's settings and S answers as the run."""
+    import math
+
+    out = str(tmp_path / "qa")
+    qa(models, out, "--validation_file", f"{SAMPLE}/dev.json", "--unanswerable_share", 0.9, "--top_k", 3)
+    for row in json.load(open(f"{out}/eval_results.json"))["rows"]:
+        a, b, fitted = row["no_answer_calibration"]  # fitted per k: this tiny reader's slope may come out negative
+        if a > 0:
+            moved = math.log(0.9 / 0.1) - math.log(fitted / (1 - fitted))
+            assert row["threshold_at_share"] == pytest.approx(row["threshold"] - moved / a) and "not_moved" not in row
+        else:  # its log ratio does not order the no-answers: nothing to move, and the row says why
+            assert row["threshold_at_share"] == row["threshold"] and "slope A above 0" in row["not_moved"]
+    # a calibration given (A B SHARE) with the threshold: moved by hand, to the middle of this reader's log ratios
+    ratios = [d["null_minus_best"] for d in map(json.loads, open(f"{out}/details.jsonl"))]
+    threshold = float(np.median([r for r in ratios if r is not None])) + (math.log(9) - math.log(0.25)) / 2.0
+    out = str(tmp_path / "given")
+    qa(models, out, "--no_answer_threshold", threshold, "--no_answer_calibration", 2.0, -1.0, 0.2,
+       "--unanswerable_share", 0.9, "--top_k", 3)
+    results = json.load(open(f"{out}/eval_results.json"))
+    assert results["unanswerable_share"] == 0.9
+    row = next(r for r in results["rows"] if r["k"] == 3)
+    assert row["threshold"] == threshold and row["no_answer_calibration"] == [2.0, -1.0, 0.2]
+    assert row["threshold_at_share"] == pytest.approx(threshold - (math.log(9) - math.log(0.25)) / 2.0)
+    details = [json.loads(line) for line in open(f"{out}/details.jsonl")]
+    assert any(d["answer"] for d in details) and any(not d["answer"] for d in details)
+    for d in details:  # abstains exactly where the log ratio passes the moved cut
+        assert (d["answer"] == "") == (d["null_minus_best"] is None or d["null_minus_best"] > row["threshold_at_share"])
+    system = QASystem(models[1], models[0], passages=f"{SAMPLE}/dpr_passages.jsonl", device="cpu",
+                      retriever_weight=row["retriever_weight"], calibration=row["no_answer_calibration"],
+                      unanswerable_share=0.9)
+    asked = system.ask([d["question"] for d in details], k=3, threshold=row["threshold"])
+    assert_predictions_alike([{**a, "id": d["id"]} for d, a in zip(details, asked)], details, row["threshold_at_share"])
+    assert all(a["no_answer_probability"] == pytest.approx(d["no_answer_probability"]) for d, a in zip(details, asked))
 
 
 def test_two_processes_give_the_same_predictions_as_one(models, tmp_path):
@@ -192,7 +230,13 @@ def test_bad_inputs_are_one_line_errors_before_anything_is_created(models, tmp_p
               "not a trained reader: its weights hold no question-answering head"),
              (["--retriever", "bm25", "--questions", dev, "--max_questions", 0], "--max_questions must be at least 1"),
              (["--retriever", "bm25", "--questions", dev, "--max_questions", -50], "--max_questions must be at least 1"),
-             (["--retriever", "bm25", "--questions", dev, "--output_dir", reader], f"holds --reader {reader}")]
+             (["--retriever", "bm25", "--questions", dev, "--output_dir", reader], f"holds --reader {reader}"),
+             (["--retriever", "bm25", "--questions", dev, "--unanswerable_share", 0.5],
+              "give the calibration with the share of unanswerable questions it was fitted on"),
+             (["--retriever", "bm25", "--questions", dev, "--validation_file", dev, "--unanswerable_share", 1],
+              "unanswerable_share 1.0: give the expected share of unanswerable questions, strictly between 0 and 1"),
+             (["--retriever", "bm25", "--questions", dev, "--no_answer_calibration", 1, 2, 3, 4],
+              "--no_answer_calibration takes A B or A B SHARE (got 4 numbers)")]
     for extra, message in cases:
         assert_user_error(run_script("qa_system.py", *base, *extra, check=False), message)
         assert not out.exists() and not [n for n in os.listdir(tmp_path) if n.startswith(".")], extra

@@ -142,7 +142,8 @@ def test_each_answer_gives_its_no_answer_probability_and_the_settings_that_made_
     for got, want in zip(body["answers"], answers):
         assert got["no_answer_probability"] == pytest.approx(want["no_answer_probability"], rel=1e-5, abs=1e-5)
         assert got["settings"] == {"no_answer_threshold": ReaderSettings.load(trained_models[0]).null_threshold,
-                                   "calibrated": True, "rule": "window", "retriever_weight": 0.0}
+                                   "unanswerable_share": None, "calibrated": True, "rule": "window",
+                                   "retriever_weight": 0.0}
 
 
 @pytest.mark.parametrize("request_body, status, field", [
@@ -312,6 +313,10 @@ def test_a_bad_start_is_a_one_line_error_and_the_default_address_is_loopback(tra
     proc = run_script("serve.py", "--retriever", retriever, "--reader", reader, "--passages",
                       f"{SAMPLE}/dpr_passages.jsonl", "--max_body_bytes", 0, check=False)
     assert_user_error(proc, "--max_body_bytes must be at least 1")
+    proc = run_script("serve.py", "--retriever", retriever, "--reader", reader, "--passages",
+                      f"{SAMPLE}/dpr_passages.jsonl", "--no_answer_calibration", *CALIBRATION, "--unanswerable_share",
+                      0.5, check=False)  # the share moves a cut from the share it was calibrated at: which one?
+    assert_user_error(proc, "give the calibration with the share of unanswerable questions it was fitted on")
     assert ServeArgs.__dataclass_fields__["host"].default == "127.0.0.1"
 
 

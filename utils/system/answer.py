@@ -30,12 +30,18 @@ means what it says on questions like those it was fitted on: of the questions gi
 answer; where the share of unanswerable questions differs, its odds move by the ratio of the two shares' odds, so a
 user who knows the share can set the threshold for it.
 
+`at_share` is that move: given the share of unanswerable questions the calibration was fitted on (its third value)
+and the share expected (`--unanswerable_share`), Bayes' rule moves every question's calibrated log odds of no answer
+by the difference of the two shares' log odds, and the threshold by the same over the calibration's slope, so that
+it still stands for the probability it stood for where it was tuned.
+
 Either way the threshold is tuned like the reader's (utils.reader.metrics.best_null_threshold) on labelled
 questions, and None (a SQuAD v1.1 reader) always answers.
 """
 
 import math
 
+from utils.errors import UserError
 from utils.numeric import logsumexp
 
 CLIP = 50.0  # a log ratio beyond +-CLIP says nothing more to the calibration (and no span anywhere is +inf)
@@ -84,17 +90,50 @@ def _combined(passages, shared, retriever_weight) -> dict:
     return {**out, "null_minus_best": null_start + null_end - best["score"], "no_answer_probability": probability}
 
 
-def calibrated(null_minus_best: float, calibration: tuple[float, float]) -> float:
+def calibrated(null_minus_best: float, calibration: tuple) -> float:
     """The probability that the question has no answer, from its log ratio (`null_minus_best`) through a calibration
-    (a, b) fitted on labelled questions (utils.system.measure.fit_calibration): sigmoid(a x + b)."""
+    (a, b[, share]) fitted on labelled questions (utils.system.measure.fit_calibration): sigmoid(a x + b)."""
     z = calibration_logit(null_minus_best, calibration)
     return 1 / (1 + math.exp(-z)) if z >= 0 else math.exp(z) / (1 + math.exp(z))
 
 
-def calibration_logit(null_minus_best: float, calibration: tuple[float, float]) -> float:
+def calibration_logit(null_minus_best: float, calibration: tuple) -> float:
     """a x + b: the log odds of no answer that `calibrated` turns into a probability (x clipped to +-CLIP)."""
-    a, b = calibration
+    a, b = calibration[:2]
     return a * min(max(null_minus_best, -CLIP), CLIP) + b
+
+
+def log_odds(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
+def check_share(share: float | None, calibration: tuple | None) -> None:
+    """A share of unanswerable questions that `at_share` can move to: strictly between 0 and 1, with a calibration
+    that says the share it was fitted on and whose probability of no answer rises with the log ratio (a > 0)."""
+    if share is None:
+        return
+    if not 0 < share < 1:
+        raise UserError(f"unanswerable_share {share}: give the expected share of unanswerable questions, strictly "
+                        "between 0 and 1")
+    if calibration is None or len(calibration) != 3:
+        raise UserError("unanswerable_share moves a calibrated cut: give the calibration with the share of "
+                        "unanswerable questions it was fitted on, A B SHARE (qa_system.py --validation_file fits it)")
+    if not calibration[0] > 0 or not 0 < calibration[2] < 1:
+        raise UserError(f"calibration {tuple(calibration)}: unanswerable_share needs a slope A above 0 and a fitted "
+                        "share strictly between 0 and 1")
+
+
+def at_share(threshold: float | None, calibration: tuple | None, share: float | None) -> tuple:
+    """(threshold, calibration) for questions of which `share` have no answer, from the threshold tuned and the
+    calibration (a, b, fitted share) fitted on questions with another share (the module docstring): the log odds move
+    by d = log_odds(share) - log_odds(fitted share), so b by d and the threshold by -d / a; the calibration returned
+    says `share`. No share: both as given."""
+    if share is None:
+        return threshold, calibration
+    check_share(share, calibration)
+    a, b, fitted = calibration
+    moved = log_odds(share) - log_odds(fitted)
+    return (None if threshold is None else threshold - moved / a), (a, b + moved, share)
 
 
 def answer(combined: dict, threshold: float | None) -> str:

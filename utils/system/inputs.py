@@ -14,6 +14,7 @@ from utils.retriever.index_writer import build_index
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
 from utils.search.index import Index
+from utils.system.answer import check_share
 from utils.system.pipeline import QASystem
 
 
@@ -26,7 +27,8 @@ class SystemConfig:
     passages: str | None = None  # the corpus as a JSON-lines file, embedded when neither passages nor index is given
     hybrid: bool | None = None  # fuse the dense ranking with BM25 at the recorded weight; None: when it has one
     retriever_weight: float = 0.0  # how much a passage's retrieval score weighs on its answers (utils.system.answer)
-    calibration: tuple[float, float] | None = None  # (a, b) of the no-answer probability, sigmoid(a x + b)
+    calibration: tuple | None = None  # (a, b[, share fitted on]) of the no-answer probability, sigmoid(a x + b)
+    unanswerable_share: float | None = None  # the share of unanswerable questions expected (answer.at_share)
     precision: str | None = None  # autocast of both models ("no", "bf16", "fp16"); None: each model's own, as trained
     batch_size: int = 64  # texts per forward pass (questions, passages, reader windows)
 
@@ -37,8 +39,10 @@ class SystemConfig:
             raise UserError(f"batch_size must be at least 1 (got {self.batch_size})")
         if not self.retriever_weight >= 0:
             raise UserError(f"retriever_weight {self.retriever_weight}: give 0 or more")
-        if self.calibration is not None and len(self.calibration) != 2:
-            raise UserError(f"calibration {self.calibration}: give (a, b)")
+        if self.calibration is not None and len(self.calibration) not in (2, 3):
+            raise UserError(f"calibration {self.calibration}: give (a, b), or (a, b, the share of unanswerable "
+                            "questions it was fitted on)")
+        check_share(self.unanswerable_share, self.calibration)
 
 
 @dataclass
@@ -58,17 +62,23 @@ class SystemArgs(Flags):
               "alone; utils/system/answer.py). Its scale is the retriever's, so tune it with the threshold: "
               "qa_system.py --validation_file does (and reports both per k). Default: tuned there, else 0.")
     no_answer_calibration: Optional[list[float]] = field(default=None, metadata={
-        "help": "A B: the calibration of the probability of no answer, sigmoid(A x + B) of the log ratio x the "
-                "threshold compares, fitted by qa_system.py --validation_file (its row for your k). Without it, "
-                "no_answer_probability is the shared rule's uncalibrated one (none for a reader trained a paragraph at "
-                "a time).", "nargs": 2})
+        "help": "A B [SHARE]: the calibration of the probability of no answer, sigmoid(A x + B) of the log ratio x "
+                "the threshold compares, and the share of unanswerable questions it was fitted on, as qa_system.py "
+                "--validation_file fits them (its row for your k). Without it, no_answer_probability is the shared "
+                "rule's uncalibrated one (none for a reader trained a paragraph at a time).", "nargs": "+"})
+    unanswerable_share: Optional[float] = arg(
+        None, "The share of questions you expect to have no answer, when it is not that of the questions the "
+              "threshold was tuned on: the threshold and the probability of no answer move to it by its odds "
+              "(utils/system/answer.py). Needs the calibration's SHARE. Default: the tuning questions' share.")
     mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = arg(
         None, "Autocast precision of the encoders and the reader. Default: each model's own, the precision it was "
               "trained at (as trained).")
     batch_size: int = arg(64, "Texts per forward pass (questions, passages, reader windows).")
 
-    def validate_system(self) -> None:
-        """The models and the corpus, checked before anything is loaded or created (one-line errors)."""
+    def validate_system(self, fits_calibration: bool = False) -> None:
+        """The models and the corpus, checked before anything is loaded or created (one-line errors).
+        `fits_calibration`: the front end fits the calibration itself (qa_system.py --validation_file), so
+        --unanswerable_share needs none given."""
         if not self.retriever or not self.reader:
             raise UserError("give --retriever (a trained retriever or bm25) and --reader")
         self.check_input_files("passages")
@@ -87,12 +97,21 @@ class SystemArgs(Flags):
         self.check_at_least_one("batch_size")
         if self.retriever_weight is not None and not self.retriever_weight >= 0:
             raise UserError(f"--retriever_weight must be 0 or more (got {self.retriever_weight})")
+        if self.no_answer_calibration is not None and len(self.no_answer_calibration) not in (2, 3):
+            raise UserError(f"--no_answer_calibration takes A B or A B SHARE (got {len(self.no_answer_calibration)} "
+                            "numbers)")
+        if self.unanswerable_share is not None and not (fits_calibration and self.no_answer_calibration is None):
+            check_share(self.unanswerable_share, self.no_answer_calibration)
+        elif self.unanswerable_share is not None and not 0 < self.unanswerable_share < 1:
+            check_share(self.unanswerable_share, None)  # its range, in the same words
 
-    def system_config(self) -> SystemConfig:
-        """The QA system these flags describe (after `validate_system`)."""
+    def system_config(self, with_share: bool = True) -> SystemConfig:
+        """The QA system these flags describe (after `validate_system`); without the expected share of unanswerable
+        questions for a front end that moves its own settings to it (qa_system.py)."""
         calibration = tuple(self.no_answer_calibration) if self.no_answer_calibration is not None else None
         return SystemConfig(self.retriever, self.reader, self.passages, self.hybrid, self.retriever_weight or 0.0,
-                            calibration, self.mixed_precision, self.batch_size)
+                            calibration, self.unanswerable_share if with_share else None, self.mixed_precision,
+                            self.batch_size)
 
 
 def build_system(config: SystemConfig, accelerator=None, passages: list[dict] | None = None, index: Index | None = None,
@@ -108,7 +127,8 @@ def build_system(config: SystemConfig, accelerator=None, passages: list[dict] | 
                     sort_by_length=True)
     if config.retriever == "bm25":
         return QASystem("bm25", reader, passages=passages, progress=progress,
-                        retriever_weight=config.retriever_weight, calibration=config.calibration)
+                        retriever_weight=config.retriever_weight, calibration=config.calibration,
+                        unanswerable_share=config.unanswerable_share)
     retriever = Retriever(config.retriever, device=device, batch_size=config.batch_size, precision=config.precision)
     if index is None:
         hybrid = retriever.settings.hybrid_dense_weight is not None if config.hybrid is None else config.hybrid
@@ -119,4 +139,5 @@ def build_system(config: SystemConfig, accelerator=None, passages: list[dict] | 
             build_index(accelerator, retriever, config.passages, index_dir, bm25=hybrid)
             index = Index.load(index_dir, share=(accelerator.process_index, accelerator.num_processes))
     return QASystem(retriever, reader, index=index, hybrid=config.hybrid, progress=progress,
-                    retriever_weight=config.retriever_weight, calibration=config.calibration)
+                    retriever_weight=config.retriever_weight, calibration=config.calibration,
+                    unanswerable_share=config.unanswerable_share)

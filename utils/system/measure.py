@@ -56,10 +56,11 @@ def tune(questions: list[dict], combined_with, weights) -> tuple:
     return best[1], best[2]
 
 
-def fit_calibration(questions: list[dict], combined: list[dict], l2: float = 1e-4) -> tuple[float, float]:
-    """(a, b) of P(no answer) = sigmoid(a x + b), x each question's log ratio (null_minus_best), fitted by maximum
-    likelihood on these labelled questions (Platt scaling; Newton's method, a touch of L2 so separable labels stay
-    finite): utils.system.answer.calibrated."""
+def fit_calibration(questions: list[dict], combined: list[dict], l2: float = 1e-4) -> tuple[float, float, float]:
+    """(a, b, share) of P(no answer) = sigmoid(a x + b), x each question's log ratio (null_minus_best), fitted by
+    maximum likelihood on these labelled questions (Platt scaling; Newton's method, a touch of L2 so separable labels
+    stay finite): utils.system.answer.calibrated; `share`: the share of them without an answer, the prior the
+    probability holds (utils.system.answer.at_share moves it to another)."""
     x = np.clip(np.asarray([c["null_minus_best"] for c in combined], dtype=np.float64), -CLIP, CLIP)
     y = np.asarray([not q["answers"]["text"] for q in questions], dtype=np.float64)
     features = np.stack([x, np.ones_like(x)], axis=1)
@@ -72,7 +73,7 @@ def fit_calibration(questions: list[dict], combined: list[dict], l2: float = 1e-
         w -= step
         if np.abs(step).max() < 1e-10:
             break
-    return float(w[0]), float(w[1])
+    return float(w[0]), float(w[1]), float(y.mean())
 
 
 def _finite(x: float) -> float:

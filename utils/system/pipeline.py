@@ -20,7 +20,7 @@ from utils.reader.trained import Reader
 from utils.retriever.retriever import Retriever
 from utils.search.bm25 import BM25
 from utils.search.index import Index, check_k, ranked_passages
-from utils.system.answer import answer, combine
+from utils.system.answer import answer, at_share, check_share, combine
 
 NBEST_KEPT = 5  # spans of each passage kept in its reading (its best first)
 
@@ -29,7 +29,7 @@ class QASystem:
     def __init__(self, retriever, reader, passages=None, index=None, hybrid: bool | None = None,
                  device: str | None = None, precision: str | None = None, batch_size: int = 64,
                  progress: bool = False, retriever_weight: float = 0.0,
-                 calibration: tuple[float, float] | None = None):
+                 calibration: tuple | None = None, unanswerable_share: float | None = None):
         """`retriever`: a directory written by train_dpr.py (or its loaded `Retriever`), or "bm25". `reader`: a
         directory written by train_reader.py (or its loaded `Reader`). `passages`: the corpus (a JSON-lines file or a
         list of {"title", "text", "passage_id"}, checked by utils.files.corpus.load_passages), or `index`: an Index
@@ -38,13 +38,18 @@ class QASystem:
         model's own, as trained. `progress`: progress bars while indexing and reading. `retriever_weight`: how much
         the retriever's score of a passage weighs on what is read in it (utils.system.answer; tuned with the
         threshold by qa_system.py; 0: the reader's scores alone).
-        `calibration`: (a, b) fitted by qa_system.py, which makes each answer's no_answer_probability calibrated."""
+        `calibration`: (a, b) or (a, b, share) fitted by qa_system.py, which makes each answer's
+        no_answer_probability calibrated; `share`: the share of unanswerable questions it was fitted on.
+        `unanswerable_share`: the share of unanswerable questions expected here; the threshold and the calibration
+        move to it by its odds (utils.system.answer.at_share; needs the calibration's share)."""
         if (passages is None) == (index is None):
             raise UserError("give the corpus as passages, or as an index of it (one of them)")
         self.progress = progress
         if not retriever_weight >= 0:
             raise UserError(f"retriever_weight {retriever_weight}: give 0 or more")
+        check_share(unanswerable_share, calibration)
         self.retriever_weight, self.calibration = retriever_weight, calibration
+        self.unanswerable_share = unanswerable_share
         self.reader = reader if isinstance(reader, Reader) else Reader(
             reader, device=device, batch_size=batch_size, precision=precision, sort_by_length=True)
         if isinstance(retriever, str) and retriever == "bm25":
@@ -87,6 +92,12 @@ class QASystem:
             out.update(retriever=self.retriever.precision, index=self.index.built_by["precision"])
         return out
 
+    def settings(self, threshold: float | None = "recorded") -> tuple:
+        """(threshold, calibration) the system answers with: `threshold` ("recorded": the reader's own) and the
+        calibration, both moved to the unanswerable_share if one is given (utils.system.answer.at_share)."""
+        threshold = self.recorded_threshold if threshold == "recorded" else threshold
+        return at_share(threshold, self.calibration, self.unanswerable_share)
+
     def retrieve(self, questions: list[str], k: int) -> list[list[dict]]:
         """Per question its k best passages ({"passage_id", "title", "text", "score"}), best first."""
         questions, _ = question_list(questions), check_k(k)
@@ -125,7 +136,8 @@ class QASystem:
         each)}. `questions`: a list of strings, or one string (then the result is its answer, not a list). `k`: the
         passages read per question, or a list of one k per question (retrieved together at the largest: a ranking's
         first k are the same whatever k was asked for, utils.search.kbest). `threshold`: the system's
-        (default: the reader's recorded one; None: always answer)."""
+        (default: the reader's recorded one; None: always answer), moved to the system's unanswerable_share if it
+        has one."""
         one = isinstance(questions, str)
         questions = question_list(questions)
         ks = list(k) if isinstance(k, (list, tuple)) else [k] * len(questions)
@@ -133,10 +145,10 @@ class QASystem:
             raise UserError(f"{len(ks)} k's for {len(questions)} questions")
         for each in ks:
             check_k(each)
-        threshold = self.recorded_threshold if threshold == "recorded" else threshold
+        threshold, calibration = self.settings(threshold)
         retrieved = [hits[:each] for hits, each in zip(self.retrieve(questions, max(ks, default=1)), ks)]
         out = [answer_of(combine(readings, self.shared, retriever_weight=self.retriever_weight,
-                                 calibration=self.calibration), threshold, passages, readings)
+                                 calibration=calibration), threshold, passages, readings)
                for passages, readings in zip(retrieved, self.read(questions, retrieved))]
         return out[0] if one else out
 

@@ -120,10 +120,12 @@ def public(a: dict, settings: dict) -> dict:
 
 def answer_settings(system, threshold) -> dict:
     """What the system answers with, said with every answer: the no-answer threshold applied (None: it always
-    answers), whether no_answer_probability is calibrated (--no_answer_calibration; else the shared rule's share of
-    the softmaxes, or None), the rule and the weight of the retriever's score."""
-    return {"no_answer_threshold": system.recorded_threshold if threshold == "recorded" else threshold,
-            "calibrated": system.calibration is not None, "rule": "question" if system.shared else "window",
+    answers; moved to --unanswerable_share if given, which it says), whether no_answer_probability is calibrated
+    (--no_answer_calibration; else the shared rule's share of the softmaxes, or None), the rule and the weight of the
+    retriever's score."""
+    threshold, calibration = system.settings(threshold)
+    return {"no_answer_threshold": threshold, "unanswerable_share": system.unanswerable_share,
+            "calibrated": calibration is not None, "rule": "question" if system.shared else "window",
             "retriever_weight": system.retriever_weight}
 
 
