@@ -211,7 +211,8 @@ def main(argv=None):
 
         settings = {kk: tuned(v_readings, kk) for kk in bands}
         # what each k answers with: its settings moved to the expected share of unanswerable questions, if given
-        applied = {kk: (weight, *moved(threshold, calibration)) for kk, (weight, threshold, calibration) in settings.items()}
+        applied = {kk: (weight, *moved(threshold, calibration))
+                   for kk, (weight, threshold, calibration) in settings.items()}
 
         # --- measure, write ----------------------------------------------------------------------------
         rows = []
