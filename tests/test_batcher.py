@@ -10,7 +10,7 @@ from utils.system.batcher import Batcher
 def test_a_pass_never_exceeds_max_batch_and_requests_keep_their_order():
     passes = []
 
-    def answer_many(questions, ks):
+    def answer_many(questions, ks, shares):
         passes.append(list(questions))
         return [f"answer to {q} at k={k}" for q, k in zip(questions, ks)]
 
@@ -34,7 +34,7 @@ def test_a_pass_never_exceeds_max_batch_and_requests_keep_their_order():
 def test_a_failing_request_fails_alone_and_the_others_of_its_pass_are_answered():
     passes = []
 
-    def answer_many(questions, ks):
+    def answer_many(questions, ks, shares):
         passes.append(list(questions))
         if "bad" in questions:
             raise ValueError("cannot read 'bad'")

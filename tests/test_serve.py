@@ -26,7 +26,7 @@ from utils.files.squad import load_questions
 from utils.system.pipeline import QASystem
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CALIBRATION = (1.5, -0.5)  # the module's server runs with --no_answer_calibration 1.5 -0.5
+CALIBRATION = (1.5, -0.5, 0.3)  # the module's server runs with --no_answer_calibration 1.5 -0.5 0.3
 EMOJI = "\N{WATER WAVE}"  # beyond the BMP: two UTF-16 units in JavaScript, one character in Python
 
 
@@ -146,6 +146,29 @@ def test_each_answer_gives_its_no_answer_probability_and_the_settings_that_made_
                                    "retriever_weight": 0.0}
 
 
+def test_a_request_that_gives_the_share_is_answered_at_its_moved_cut(server, expected, trained_models, passages):
+    """"unanswerable_share" in a request moves that request's threshold and probability (QASystem.ask with the same
+    share), says so in its settings, and leaves other requests as the server answers them."""
+    import math
+
+    questions, answers = expected
+    qa = QASystem(trained_models[1], trained_models[0], passages=passages, device="cpu", calibration=CALIBRATION)
+    want = qa.ask(questions[:6], k=3, unanswerable_share=0.9)
+    status, body = server.ask(questions[:6], k=3, unanswerable_share=0.9)
+    assert status == 200
+    threshold = ReaderSettings.load(trained_models[0]).null_threshold
+    by_hand = threshold - (math.log(9) - math.log(0.3 / 0.7)) / 1.5
+    for got, w in zip(body["answers"], want):
+        assert_answered_alike({**got, "null_minus_best": w["null_minus_best"]}, w, by_hand)
+        assert got["no_answer_probability"] == pytest.approx(w["no_answer_probability"], rel=1e-5, abs=1e-5)
+        assert got["settings"]["unanswerable_share"] == 0.9
+        assert got["settings"]["no_answer_threshold"] == pytest.approx(by_hand)
+    status, body = server.ask(questions[:6], k=3)  # the next request, without: as the server answers
+    assert [a["settings"]["unanswerable_share"] for a in body["answers"]] == [None] * 6
+    assert all(a["no_answer_probability"] == pytest.approx(w["no_answer_probability"], rel=1e-5, abs=1e-5)
+               for a, w in zip(body["answers"], answers))
+
+
 @pytest.mark.parametrize("request_body, status, field", [
     (b"{not json", 422, "body"),
     (b"[1, 2]", 422, "body"),
@@ -157,11 +180,14 @@ def test_each_answer_gives_its_no_answer_probability_and_the_settings_that_made_
     (json.dumps({"question": "Who?", "k": 0}).encode(), 422, "k"),
     (json.dumps({"question": "Who?", "k": 21}).encode(), 422, "k"),
     (json.dumps({"question": "Who?", "k": "many"}).encode(), 422, "k"),
+    (json.dumps({"question": "Who?", "unanswerable_share": 0}).encode(), 422, "unanswerable_share"),
+    (json.dumps({"question": "Who?", "unanswerable_share": 1.5}).encode(), 422, "unanswerable_share"),
+    (json.dumps({"question": "Who?", "unanswerable_share": "half"}).encode(), 422, "unanswerable_share"),
     (json.dumps({"question": ["Who?"] * 17}).encode(), 413, "question"),
     (b'{"question": "Who built \\ud800 it?"}', 422, "question"),
     (b'{"question": ["Who?", "\\udc00"]}', 422, "question[1]"),
 ], ids=["malformed", "not-an-object", "missing", "empty", "empty-in-list", "not-a-string", "too-long", "k-0", "k-21",
-        "k-text", "too-many", "lone-surrogate", "lone-surrogate-in-list"])
+        "k-text", "share-0", "share-above-1", "share-text", "too-many", "lone-surrogate", "lone-surrogate-in-list"])
 def test_bad_requests_are_4xx_naming_the_field_and_the_server_keeps_serving(server, request_body, status, field):
     got, body = server.request("/ask", raw=request_body)
     assert got == status and body["field"] == field and body["error"].startswith(field), body
@@ -314,7 +340,7 @@ def test_a_bad_start_is_a_one_line_error_and_the_default_address_is_loopback(tra
                       f"{SAMPLE}/dpr_passages.jsonl", "--max_body_bytes", 0, check=False)
     assert_user_error(proc, "--max_body_bytes must be at least 1")
     proc = run_script("serve.py", "--retriever", retriever, "--reader", reader, "--passages",
-                      f"{SAMPLE}/dpr_passages.jsonl", "--no_answer_calibration", *CALIBRATION, "--unanswerable_share",
+                      f"{SAMPLE}/dpr_passages.jsonl", "--no_answer_calibration", 1.5, -0.5, "--unanswerable_share",
                       0.5, check=False)  # the share moves a cut from the share it was calibrated at: which one?
     assert_user_error(proc, "give the calibration with the share of unanswerable questions it was fitted on")
     assert ServeArgs.__dataclass_fields__["host"].default == "127.0.0.1"

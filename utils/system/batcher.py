@@ -34,6 +34,7 @@ class _Request:
     questions: list[str]
     k: int
     future: asyncio.Future
+    unanswerable_share: float | None = None
 
 
 def _fail(request: _Request, err: Exception) -> None:
@@ -43,23 +44,26 @@ def _fail(request: _Request, err: Exception) -> None:
 
 class Batcher:
     def __init__(self, answer_many, max_batch: int, max_wait: float):
-        """`answer_many(questions, ks)`: one answer per question (with its own k), computed in one pass."""
+        """`answer_many(questions, ks, shares)`: one answer per question (with its own k and expected share of
+        unanswerable questions), computed in one pass."""
         self.answer_many, self.max_batch, self.max_wait = answer_many, max_batch, max_wait
         self.queue: asyncio.Queue | None = None
         self.held: _Request | None = None  # taken from the queue but left for the next pass: it did not fit
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qa-pass")
         self.passes = self.questions = 0  # counters for /health
 
-    async def ask(self, questions: list[str], k: int) -> list[dict]:
+    async def ask(self, questions: list[str], k: int, unanswerable_share: float | None = None) -> list[dict]:
         future = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Request(questions, k, future))
+        await self.queue.put(_Request(questions, k, future, unanswerable_share))
         return await future
 
     async def _answer(self, batch: list[_Request]) -> None:
         """One pass over the requests of `batch`, each handed its answers; raises what the pass raised."""
         questions = [q for r in batch for q in r.questions]
         ks = [r.k for r in batch for _ in r.questions]
-        answers = await asyncio.get_running_loop().run_in_executor(self.executor, self.answer_many, questions, ks)
+        shares = [r.unanswerable_share for r in batch for _ in r.questions]
+        answers = await asyncio.get_running_loop().run_in_executor(self.executor, self.answer_many, questions, ks,
+                                                                   shares)
         self.passes, self.questions = self.passes + 1, self.questions + len(questions)
         first = 0
         for r in batch:

@@ -92,11 +92,13 @@ class QASystem:
             out.update(retriever=self.retriever.precision, index=self.index.built_by["precision"])
         return out
 
-    def settings(self, threshold: float | None = "recorded") -> tuple:
+    def settings(self, threshold: float | None = "recorded", unanswerable_share: float | None = "system") -> tuple:
         """(threshold, calibration) the system answers with: `threshold` ("recorded": the reader's own) and the
-        calibration, both moved to the unanswerable_share if one is given (utils.system.answer.at_share)."""
+        calibration, both moved to `unanswerable_share` ("system": the system's own; None: as tuned) if there is one
+        (utils.system.answer.at_share)."""
         threshold = self.recorded_threshold if threshold == "recorded" else threshold
-        return at_share(threshold, self.calibration, self.unanswerable_share)
+        share = self.unanswerable_share if unanswerable_share == "system" else unanswerable_share
+        return at_share(threshold, self.calibration, share)
 
     def retrieve(self, questions: list[str], k: int) -> list[list[dict]]:
         """Per question its k best passages ({"passage_id", "title", "text", "score"}), best first."""
@@ -129,27 +131,30 @@ class QASystem:
             out.append(row)
         return out
 
-    def ask(self, questions, k=5, threshold: float | None = "recorded"):
+    def ask(self, questions, k=5, threshold: float | None = "recorded", unanswerable_share="system"):
         """Per question {"answer" ("" = no answer), "passage_id", "title", "start"/"end" (the answer's character
         offsets in that passage's text), "score" (None, with no passage, on an abstention), "null_minus_best",
         "passages" (the k passages read: their ids, titles, texts, retrieval scores and what the reader found in
         each)}. `questions`: a list of strings, or one string (then the result is its answer, not a list). `k`: the
         passages read per question, or a list of one k per question (retrieved together at the largest: a ranking's
         first k are the same whatever k was asked for, utils.search.kbest). `threshold`: the system's
-        (default: the reader's recorded one; None: always answer), moved to the system's unanswerable_share if it
-        has one."""
+        (default: the reader's recorded one; None: always answer). `unanswerable_share`: the share of unanswerable
+        questions expected, which the threshold moves to (`settings`), or a list of one per question; default: the
+        system's."""
         one = isinstance(questions, str)
         questions = question_list(questions)
         ks = list(k) if isinstance(k, (list, tuple)) else [k] * len(questions)
-        if len(ks) != len(questions):
-            raise UserError(f"{len(ks)} k's for {len(questions)} questions")
+        shares = list(unanswerable_share) if isinstance(unanswerable_share, (list, tuple)) \
+            else [unanswerable_share] * len(questions)
+        if len(ks) != len(questions) or len(shares) != len(questions):
+            raise UserError(f"{len(ks)} k's and {len(shares)} shares for {len(questions)} questions")
         for each in ks:
             check_k(each)
-        threshold, calibration = self.settings(threshold)
+        settings = {share: self.settings(threshold, share) for share in set(shares)}  # each checked before reading
         retrieved = [hits[:each] for hits, each in zip(self.retrieve(questions, max(ks, default=1)), ks)]
         out = [answer_of(combine(readings, self.shared, retriever_weight=self.retriever_weight,
-                                 calibration=calibration), threshold, passages, readings)
-               for passages, readings in zip(retrieved, self.read(questions, retrieved))]
+                                 calibration=settings[share][1]), settings[share][0], passages, readings)
+               for passages, readings, share in zip(retrieved, self.read(questions, retrieved), shares)]
         return out[0] if one else out
 
 

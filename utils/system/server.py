@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from utils.errors import UserError
 from utils.files.questions import QuestionError, question_list
+from utils.system.answer import check_share
 from utils.system.batcher import Batcher
 
 logger = logging.getLogger("qa-amp")
@@ -30,6 +31,10 @@ PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page.html")
 class AskRequest(BaseModel):
     question: str | list[str] = Field(description="One question, or a list of them.")
     k: int | None = Field(None, description="Passages read per question (default: the server's --k).")
+    unanswerable_share: float | None = Field(
+        None, description="The share of questions expected to have no answer, which the no-answer threshold moves "
+                          "to (needs a server calibrated with the share it was fitted on; default: the server's "
+                          "--unanswerable_share, else as tuned).")
 
 
 class Limits(BaseModel):
@@ -118,13 +123,14 @@ def public(a: dict, settings: dict) -> dict:
                          for p in a["passages"]]}
 
 
-def answer_settings(system, threshold) -> dict:
+def answer_settings(system, threshold, unanswerable_share="system") -> dict:
     """What the system answers with, said with every answer: the no-answer threshold applied (None: it always
     answers; moved to --unanswerable_share if given, which it says), whether no_answer_probability is calibrated
     (--no_answer_calibration; else the shared rule's share of the softmaxes, or None), the rule and the weight of the
     retriever's score."""
-    threshold, calibration = system.settings(threshold)
-    return {"no_answer_threshold": threshold, "unanswerable_share": system.unanswerable_share,
+    threshold, calibration = system.settings(threshold, unanswerable_share)
+    share = system.unanswerable_share if unanswerable_share == "system" else unanswerable_share
+    return {"no_answer_threshold": threshold, "unanswerable_share": share,
             "calibrated": calibration is not None, "rule": "question" if system.shared else "window",
             "retriever_weight": system.retriever_weight}
 
@@ -133,10 +139,13 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
                on_load_failure=None) -> FastAPI:
     """`load_system()`: builds the QASystem (called once, on a thread, at start). `threshold`: QASystem.ask's.
     `on_load_failure(message)`: what to do when loading fails (the server cannot serve)."""
-    state = {"system": None, "settings": None, "error": None, "started": time.time()}
+    state = {"system": None, "error": None, "started": time.time()}
 
-    def answer_many(questions: list[str], ks: list[int]) -> list[dict]:
-        return [public(a, state["settings"]) for a in state["system"].ask(questions, ks, threshold=threshold)]
+    def answer_many(questions: list[str], ks: list[int], shares: list) -> list[dict]:
+        system = state["system"]
+        settings = {share: answer_settings(system, threshold, share) for share in set(shares)}
+        return [public(a, settings[share])
+                for a, share in zip(system.ask(questions, ks, threshold=threshold, unanswerable_share=shares), shares)]
 
     batcher = Batcher(answer_many, max_batch, max_wait)
 
@@ -144,7 +153,7 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
         logger.info("loading the models and the corpus")
         try:
             system = load_system()
-            state["settings"], state["system"] = answer_settings(system, threshold), system
+            state["system"] = system
             logger.info("ready: %d passages", len(state["system"].passages))
         except UserError as err:
             state["error"] = str(err)
@@ -174,7 +183,8 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
         else:
             loc = [x for x in first.get("loc", ()) if x != "body"]
             field = str(loc[0]) if loc else "body"
-            message = {"question": "must be a string or a list of strings", "k": "must be a whole number"}.get(
+            message = {"question": "must be a string or a list of strings", "k": "must be a whole number",
+                       "unanswerable_share": "must be a number"}.get(
                 field, first.get("msg", "invalid"))
             if first.get("type") == "missing":
                 message = "missing"
@@ -198,8 +208,19 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
         if state["system"] is None:
             return JSONResponse({"error": "the models are still loading" if not state["error"] else state["error"],
                                  "field": None}, status_code=503)
+        share = "system" if body.unanswerable_share is None else body.unanswerable_share
+        if body.unanswerable_share is not None:  # checked here: a share the system cannot move to fails alone
+            if not 0 < body.unanswerable_share < 1:
+                raise BadRequest("unanswerable_share",
+                                 f"must be strictly between 0 and 1 (got {body.unanswerable_share})")
+            try:
+                check_share(body.unanswerable_share, state["system"].calibration)
+            except UserError:
+                raise BadRequest("unanswerable_share", "this server cannot move its threshold: start it with "
+                                 "--no_answer_calibration A B SHARE (qa_system.py --validation_file fits them)"
+                                 ) from None
         try:
-            answers = await batcher.ask(questions, k)
+            answers = await batcher.ask(questions, k, share)
         except QuestionError as err:  # what the checks above let through and the system refused
             raise BadRequest(err.field("question"), err.problem, err.status) from None
         except UserError as err:
