@@ -223,19 +223,23 @@ def main(argv=None):
             if args.unanswerable_share is not None:
                 row.update(unanswerable_share=args.unanswerable_share, threshold_at_share=applied[kk][1],
                            **({"not_moved": applied[kk][3]} if applied[kk][3] else {}))
-            row.update({
-                   "questions_per_second": questions_per_second(times, kk, len(questions)),
-                   "reading_share": reading_share(times, kk)})
+            row.update(questions_per_second=questions_per_second(times, kk, len(questions)),
+                       reading_share=reading_share(times, kk))
             if is_labelled:
                 row["recall"] = recall(questions, retrieved, kk)
-                row.update(scores(questions, combined_at(readings, kk, system.shared, weight), applied[kk][1]))
+                combined = combined_at(readings, kk, system.shared, weight)
+                row.update(scores(questions, combined, applied[kk][1]))
+                if args.unanswerable_share is not None:  # what the share changed: the same answers, as tuned
+                    row["at_threshold"] = headline(scores(questions, combined, threshold))
             rows.append(row)
         ceiling = None
         if gold is not None:
             _, gold_threshold, gold_calibration = tuned(v_gold, 1, fuse=False)
             at = moved(gold_threshold, gold_calibration)[0]
-            ceiling = {"threshold": gold_threshold, **({"threshold_at_share": at} if at != gold_threshold else {}),
-                       **scores(questions, combined_at(gold, 1, system.shared), at)}
+            combined = combined_at(gold, 1, system.shared)
+            ceiling = {"threshold": gold_threshold, **scores(questions, combined, at)}
+            if args.unanswerable_share is not None:
+                ceiling.update(threshold_at_share=at, at_threshold=headline(scores(questions, combined, gold_threshold)))
         write_outputs(accelerator, out, questions, retrieved, readings, top_k, applied[top_k][:3], system.shared)
         write_json(accelerator, os.path.join(out, "eval_results.json"),
                    {"retriever": args.retriever, "reader": args.reader, "questions": args.questions,
@@ -261,7 +265,14 @@ def read_gold(accelerator, system: QASystem, questions: list[dict]) -> list[list
     return [gathered[q["id"]] for q in questions]
 
 
+def headline(metrics: dict) -> dict:
+    """EM, F1 and HasAns/NoAns F1 of a squad_metrics result (what a second threshold's scores are shown with)."""
+    return {k: metrics[k] for k in ("exact", "f1", "HasAns_f1", "NoAns_f1") if k in metrics}
+
+
 def _fmt(value):
+    if isinstance(value, dict):
+        return "(" + ", ".join(f"{key} {_fmt(v)}" for key, v in value.items()) + ")"
     return f"{value:.2f}" if isinstance(value, float) else value
 
 

@@ -175,6 +175,10 @@ def test_the_share_moves_each_rows_cut_by_its_odds_and_the_api_given_it_answers_
     row = next(r for r in results["rows"] if r["k"] == 3)
     assert row["threshold"] == threshold and row["no_answer_calibration"] == [2.0, -1.0, 0.2]
     assert row["threshold_at_share"] == pytest.approx(threshold - (math.log(9) - math.log(0.25)) / 2.0)
+    unmoved = str(tmp_path / "unmoved")  # what the share changed, beside each row: the run without it
+    qa(models, unmoved, "--no_answer_threshold", threshold, "--top_k", 3)
+    for r, u in zip(results["rows"], json.load(open(f"{unmoved}/eval_results.json"))["rows"]):
+        assert r["at_threshold"] == {key: u[key] for key in ("exact", "f1", "HasAns_f1", "NoAns_f1")}
     details = [json.loads(line) for line in open(f"{out}/details.jsonl")]
     assert any(d["answer"] for d in details) and any(not d["answer"] for d in details)
     for d in details:  # abstains exactly where the log ratio passes the moved cut
