@@ -235,11 +235,13 @@ def main(argv=None):
         ceiling = None
         if gold is not None:
             _, gold_threshold, gold_calibration = tuned(v_gold, 1, fuse=False)
-            at = moved(gold_threshold, gold_calibration)[0]
+            at, _, not_moved = moved(gold_threshold, gold_calibration)
             combined = combined_at(gold, 1, system.shared)
             ceiling = {"threshold": gold_threshold, **scores(questions, combined, at)}
             if args.unanswerable_share is not None:
-                ceiling.update(threshold_at_share=at, at_threshold=headline(scores(questions, combined, gold_threshold)))
+                ceiling.update(threshold_at_share=at,
+                               at_threshold=headline(scores(questions, combined, gold_threshold)),
+                               **({"not_moved": not_moved} if not_moved else {}))
         write_outputs(accelerator, out, questions, retrieved, readings, top_k, applied[top_k][:3], system.shared)
         write_json(accelerator, os.path.join(out, "eval_results.json"),
                    {"retriever": args.retriever, "reader": args.reader, "questions": args.questions,

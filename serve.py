@@ -7,7 +7,9 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       otherwise): the page at /, `POST /ask` {"question": "..." or [...], "k": 5}, `GET /health`, the OpenAPI docs at
       /docs. The same question gets the same answer as qa_system.py at the same threshold and weights (the reader's
       recorded threshold and no weight unless --no_answer_threshold and --retriever_weight; a qa_system.py run with
-      --validation_file tunes them, and --no_answer_calibration, per k).
+      --validation_file tunes them, and --no_answer_calibration, per k). With --unanswerable_share S (or
+      "unanswerable_share" in a request) the threshold moves to that share of unanswerable questions by its odds
+      (utils/system/answer.py; needs --no_answer_calibration A B SHARE).
 
   python serve.py --retriever bm25 --reader outputs/reader-squad --passages corpus.jsonl --port 8080
       BM25 over a corpus given as passages (a trained retriever embeds them at start instead).

@@ -158,6 +158,9 @@ def test_a_request_that_gives_the_share_is_answered_at_its_moved_cut(server, exp
     assert status == 200
     threshold = ReaderSettings.load(trained_models[0]).null_threshold
     by_hand = threshold - (math.log(9) - math.log(0.3 / 0.7)) / 1.5
+    # the moved cut, by hand: the API abstains exactly above it, and it changes answers (the share is not ignored)
+    assert all((w["answer"] == "") == (w["null_minus_best"] > by_hand) for w in want)
+    assert [w["answer"] for w in want] != [a["answer"] for a in answers[:6]]
     for got, w in zip(body["answers"], want):
         assert_answered_alike({**got, "null_minus_best": w["null_minus_best"]}, w, by_hand)
         assert got["no_answer_probability"] == pytest.approx(w["no_answer_probability"], rel=1e-5, abs=1e-5)

@@ -213,12 +213,13 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
             if not 0 < body.unanswerable_share < 1:
                 raise BadRequest("unanswerable_share",
                                  f"must be strictly between 0 and 1 (got {body.unanswerable_share})")
+            calibration = state["system"].calibration
             try:
-                check_share(body.unanswerable_share, state["system"].calibration)
-            except UserError:
-                raise BadRequest("unanswerable_share", "this server cannot move its threshold: start it with "
-                                 "--no_answer_calibration A B SHARE (qa_system.py --validation_file fits them)"
-                                 ) from None
+                check_share(body.unanswerable_share, calibration)
+            except UserError as err:
+                why = ("it was started without --no_answer_calibration A B SHARE (qa_system.py --validation_file "
+                       "fits them)" if calibration is None or len(calibration) != 3 else str(err))
+                raise BadRequest("unanswerable_share", f"this server cannot move its threshold: {why}") from None
         try:
             answers = await batcher.ask(questions, k, share)
         except QuestionError as err:  # what the checks above let through and the system refused
