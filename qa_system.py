@@ -247,7 +247,8 @@ def main(argv=None):
                    {"retriever": args.retriever, "reader": args.reader, "questions": args.questions,
                     "passages": len(system.passages), "hybrid": system.hybrid, "threshold_source": source,
                     "rule": "question" if system.shared else "window",
-                    "unanswerable_share": args.unanswerable_share, "processes": accelerator.num_processes, "precision": precisions,
+                    "unanswerable_share": args.unanswerable_share, "processes": accelerator.num_processes,
+                    "precision": precisions,
                     "precision_as_trained": args.mixed_precision is None, "k_note": clamped, "rows": rows,
                     "gold_paragraphs": ceiling})
     for r in rows:

@@ -186,10 +186,11 @@ def _calibrated_across(halves, combined, settings):
         views = combined(scored, weight)
         questions += scored
         probabilities += [calibrated(c["null_minus_best"], calibration) for c in views]
-        if not calibration[0] > 0:  # the log ratio does not order the tuning half's no-answers: no cut to move
+        try:  # to odds 1:1, as qa_system.py moves
+            other = scores(scored, views, at_share(threshold, calibration, 0.5)[0])
+        except UserError:  # a slope not above 0: the log ratio does not order the tuning half's no-answers
             moved.append(float("nan"))
             continue
-        other = scores(scored, views, at_share(threshold, calibration, 0.5)[0])  # to odds 1:1, as qa_system.py moves
         moved.append((other.get("HasAns_f1", float("nan")) + other.get("NoAns_f1", float("nan"))) / 2)
     return (*_calibration(questions, [{"null_minus_best": p} for p in probabilities]), moved)
 

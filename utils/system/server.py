@@ -210,16 +210,14 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
                                  "field": None}, status_code=503)
         share = "system" if body.unanswerable_share is None else body.unanswerable_share
         if body.unanswerable_share is not None:  # checked here: a share the system cannot move to fails alone
-            if not 0 < body.unanswerable_share < 1:
-                raise BadRequest("unanswerable_share",
-                                 f"must be strictly between 0 and 1 (got {body.unanswerable_share})")
             calibration = state["system"].calibration
             try:
                 check_share(body.unanswerable_share, calibration)
             except UserError as err:
-                why = ("it was started without --no_answer_calibration A B SHARE (qa_system.py --validation_file "
-                       "fits them)" if calibration is None or len(calibration) != 3 else str(err))
-                raise BadRequest("unanswerable_share", f"this server cannot move its threshold: {why}") from None
+                no_share = 0 < body.unanswerable_share < 1 and (calibration is None or len(calibration) != 3)
+                why = ("this server cannot move its threshold: it was started without --no_answer_calibration A B "
+                       "SHARE (qa_system.py --validation_file fits them)" if no_share else str(err))
+                raise BadRequest("unanswerable_share", why.removeprefix("unanswerable_share ")) from None
         try:
             answers = await batcher.ask(questions, k, share)
         except QuestionError as err:  # what the checks above let through and the system refused
