@@ -48,7 +48,7 @@ from utils.loop.output_dir import prepare_output_dir, publish_dir
 from utils.loop.process import finish, make_accelerator
 from utils.reader.trained import fingerprint
 from utils.search.index import Index
-from utils.system.answer import at_share, combine
+from utils.system.answer import READING_STATS, at_share, combine
 from utils.system.inputs import SystemArgs, build_system
 from utils.system.measure import (combined_at, fit_calibration, labelled, questions_per_second, reading_share, recall,
                                   scores, tune, weight_grid)
@@ -302,7 +302,7 @@ def write_outputs(accelerator, directory, questions, retrieved, readings, top_k,
                                "passages": [{"passage_id": p["passage_id"], "score": p["score"], "span": r["text"],
                                              "span_score": r["score"], "null_score": r["null_score"],
                                              "nbest": [{"text": x["text"], "score": x["score"]} for x in r["nbest"]],
-                                             **{k: r[k] for k in ("null_start", "null_end", "lse_start", "lse_end")}}
+                                             **{k: r[k] for k in READING_STATS}}
                                             for p, r in zip(passages, reads)]}) + "\n")
     write_json(accelerator, os.path.join(directory, "predictions.json"), predictions)
 

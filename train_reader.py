@@ -118,6 +118,10 @@ class ReaderArgs(TrainArgs):
                                         "no-answer decision per question. 1: one paragraph at a time.")
     passages: Optional[str] = arg(None, "The corpus the negative or retrieved passages come from (JSON lines of "
                                         "title/text/passage_id).")
+    verifier: bool = arg(False, "Train an answerability verifier beside the span loss: a head on each window's [CLS] "
+                                "that judges whether the window holds the answer, weighed against the null score "
+                                "when deciding to abstain (its weight tuned on dev with the null threshold and "
+                                "recorded in reader_settings.json; utils/reader/verifier.py). SQuAD v2 data only.")
     preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
     cache_dir: Optional[str] = arg(None, "Cache for tokenised datasets (default: ~/.cache/qa-amp).")
 
@@ -133,8 +137,9 @@ class ReaderArgs(TrainArgs):
         if self.dataset_name and (self.train_file or self.validation_file):
             raise UserError("give either --dataset_name or --train_file/--validation_file, not both")
         if not self.do_train:
-            if self.train_file or self.dataset_name or self.dev_split:
-                raise UserError("--do_train false only evaluates and predicts: drop --train_file/--dataset_name/--dev_split")
+            if self.train_file or self.dataset_name or self.dev_split or self.verifier:
+                raise UserError("--do_train false only evaluates and predicts: drop --train_file/--dataset_name/"
+                                "--dev_split/--verifier (a reader trained with a verifier reads with it)")
             self.config(EvaluationConfig)
             if self.requested_precision is None:  # use the model as trained
                 self.mixed_precision = precision_as_trained(recorded.precision)
@@ -176,6 +181,8 @@ def main(argv=None):
     data_config = args.config(DataConfig)
     train_examples, dev_examples = load_train_and_dev(data_config)
     with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)  # SQuAD v2: tune a threshold
+    if args.verifier and not with_no_answer:
+        raise UserError("--verifier weighs in on abstaining: it needs SQuAD v2 data (no question here is unanswerable)")
     train = training_batches(accelerator, tokenizer, train_examples, window_config, passage_config, collate,
                              batch_size=args.per_device_train_batch_size, group_by_length=args.group_by_length,
                              seed=args.seed)
@@ -186,7 +193,7 @@ def main(argv=None):
                 "v2 (with unanswerable questions)" if with_no_answer else "v1.1")
 
     # --- model ---------------------------------------------------------------------------------------
-    model = load_qa_model(args.model_name_or_path, trained=False)
+    model = load_qa_model(args.model_name_or_path, trained=False, verifier=args.verifier)
     optimizer = build_optimizer(model, loop.optimizer, accelerator.device)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train.loader)
 

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files.squad import load_questions  # noqa: E402
-from utils.system.answer import at_share, calibrated  # noqa: E402
+from utils.system.answer import READING_STATS, at_share, calibrated  # noqa: E402
 from utils.system.measure import combined_at, fit_calibration, scores, tune, weight_grid  # noqa: E402
 
 
@@ -62,8 +62,9 @@ def readings_of(path: str) -> tuple[dict, bool]:
                 null = math.inf if p["null_score"] is None else p["null_score"]
                 readings.append({"passage_id": p["passage_id"], "retrieval_score": p["score"], "text": p["span"],
                                  "score": span, "null_score": null,
-                                 "null_minus_best": null - span if p["span"] else math.inf,
-                                 **{k: p.get(k) for k in ("null_start", "null_end", "lse_start", "lse_end")}})
+                                 "null_minus_best": null - span - (p.get("verifier_term") or 0.0) if p["span"]
+                                 else math.inf,
+                                 **{k: p.get(k) for k in READING_STATS}})
             out[row["id"]], shared = readings, row.get("rule") == "question"
     return out, shared
 

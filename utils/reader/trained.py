@@ -30,6 +30,7 @@ from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 from utils.errors import UserError
 from utils.loop.batching import pad_batch
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
+from utils.reader.verifier import HEAD, attach_verifier, with_verifier
 from utils.reader.windows import prepare_windows
 
 logger = logging.getLogger("qa-amp")
@@ -64,6 +65,9 @@ class ReaderSettings:
     # utils.reader.shared_norm): which no-answer rule it reads with (utils.reader.decoding, utils.system.answer).
     normalization: str = "window"
     passages_per_question: int = 1
+    # A reader trained with a verifier (utils.reader.verifier; its head is in model.safetensors): the weight of its
+    # score against the null score, tuned on dev with the threshold. None: no verifier.
+    verifier_weight: float | None = None
 
     @property
     def shared(self) -> bool:
@@ -113,19 +117,23 @@ def check_reader_dir(path: str) -> None:
                             "give a directory written by train_reader.py or another extractive QA model")
 
 
-def load_qa_model(path: str, trained: bool = True):
+def load_qa_model(path: str, trained: bool = True, verifier: bool | None = None):
     """AutoModelForQuestionAnswering from `path`. `trained`: the checkpoint must hold the question-answering head
     (a base encoder, or a DPR encoder, would answer with a randomly initialised head). Training starts from any
-    encoder: its new head is expected, and transformers' warning about it is silenced for this load only. A
+    encoder: its new head is expected, and transformers' warning about it is silenced for this load only (as is its
+    report of a verifier's weights, which it does not know). `verifier` (utils.reader.verifier): None, the one saved
+    with the model if any; True, that one or else a new one (training with --verifier); False, none. A
     passage-selection head saved by an older version (OLD_SELECTION_HEAD) is left out, said in one log line
     instead of transformers' report of weights it does not know."""
     weights_file = os.path.join(path, "model.safetensors")
-    old_head = []
+    old_head, head = [], {}
     if os.path.isfile(weights_file):
         with safe_open(weights_file, "pt") as f:
             old_head = sorted(k for k in f.keys() if k.startswith(OLD_SELECTION_HEAD + "."))
+            if verifier is not False:
+                head = {k[len(HEAD) + 1:]: f.get_tensor(k) for k in f.keys() if k.startswith(HEAD + ".")}
     verbosity = transformers.utils.logging.get_verbosity()
-    if not trained or old_head:
+    if not trained or old_head or head:
         transformers.utils.logging.set_verbosity_error()
     try:
         model, info = AutoModelForQuestionAnswering.from_pretrained(path, output_loading_info=True)
@@ -143,6 +151,10 @@ def load_qa_model(path: str, trained: bool = True):
     if old_head:
         logger.warning("%s: ignoring %s: a passage-selection head saved by an older version, which this version does "
                        "not use (the spans it reads are the same without it)", path, ", ".join(old_head))
+    if head or verifier:
+        new = attach_verifier(model)
+        if head:
+            new.load_state_dict(head)
     return model
 
 
@@ -202,5 +214,7 @@ class Reader:
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
             outputs = span_logits(self.model, loader, progress=progress)
         position = {i: at for at, i in enumerate(order)}  # each window's place in the sorted batches
-        starts, ends = ([xs[position[i]] for i in range(len(rows))] for xs in outputs)
-        return decode_examples(examples, windows, starts, ends, s, shared=s.shared)
+        starts, ends, verifiers = (None if xs is None else [xs[position[i]] for i in range(len(rows))]
+                                   for xs in outputs)
+        decoded = decode_examples(examples, windows, starts, ends, s, shared=s.shared, verifiers=verifiers)
+        return with_verifier(decoded, s.verifier_weight)

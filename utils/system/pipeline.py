@@ -20,7 +20,7 @@ from utils.reader.trained import Reader
 from utils.retriever.retriever import Retriever
 from utils.search.bm25 import BM25
 from utils.search.index import Index, check_k, ranked_passages
-from utils.system.answer import answer, at_share, check_share, combine
+from utils.system.answer import READING_STATS, answer, at_share, check_share, combine
 
 NBEST_KEPT = 5  # spans of each passage kept in its reading (its best first)
 
@@ -127,7 +127,7 @@ class QASystem:
                             "start": span["start"],
                             "end": span["end"], "score": d["score"], "null_score": d["null_score"],
                             "null_minus_best": d["null_minus_best"], "nbest": d["nbest"][:NBEST_KEPT],
-                            **{k: d[k] for k in ("null_start", "null_end", "lse_start", "lse_end")}})
+                            **{k: d[k] for k in READING_STATS}})
             out.append(row)
         return out
 
