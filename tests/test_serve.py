@@ -308,6 +308,18 @@ def test_the_page_shows_the_answer_highlighted_in_its_passage(server, expected, 
             page.click("button[type=submit]")
             page.wait_for_function("document.querySelector('#answer-text')?.textContent === 'No answer'")
             assert page.query_selector("#answer-mark") is None
+        page.fill("#question", questions[answered])  # the share expected, as the API takes it
+        page.fill("#share", "0.9")
+        page.click("button[type=submit]")
+        page.wait_for_function("document.querySelector('.meta')?.textContent.includes('unanswerable share of 0.9')")
+        _, body = server.ask([questions[answered]], k=3, unanswerable_share=0.9)
+        shown = re.search(r"no answer: (\d+)%", page.inner_text(".meta"))
+        assert abs(int(shown[1]) - 100 * body["answers"][0]["no_answer_probability"]) <= 0.5 + 1e-6
+        page.fill("#share", "1.5")  # outside (0, 1): the server's refusal in words
+        page.click("button[type=submit]")
+        page.wait_for_function("document.querySelector('#error').textContent.length > 0")
+        assert "unanswerable_share" in page.inner_text("#error")
+        page.fill("#share", "")
         page.fill("#k", "50")  # beyond --max_k: the error in words
         page.click("button[type=submit]")
         page.wait_for_function("document.querySelector('#error').textContent.length > 0")
