@@ -51,11 +51,13 @@ from utils.loop.batching import pad_batch
 from utils.loop.optim import build_optimizer
 from utils.loop.process import setup
 from utils.loop.run import run
-from utils.reader.config import DataConfig, DecodingConfig, EvaluationConfig, PassagesConfig, WindowConfig
+from utils.reader.config import (DataConfig, DecodingConfig, DistillationConfig, EvaluationConfig, PassagesConfig,
+                                 WindowConfig)
+from utils.reader.distillation import Teacher, check_teacher
 from utils.reader.evaluate_reader import evaluate_reader
 from utils.reader.reader_task import GroupedReaderTask, ReaderTask, prepare_eval_set
 from utils.reader.squad_data import load_train_and_dev
-from utils.reader.trained import ReaderSettings, load_qa_model
+from utils.reader.trained import ReaderSettings, check_layers, load_qa_model
 from utils.reader.training_batches import training_batches
 from utils.reader.windows import load_tokenizer
 
@@ -122,6 +124,16 @@ class ReaderArgs(TrainArgs):
                                 "that judges whether the window holds the answer, weighed against the null score "
                                 "when deciding to abstain (its weight tuned on dev with the null threshold and "
                                 "recorded in reader_settings.json; utils/reader/verifier.py). SQuAD v2 data only.")
+    teacher: Optional[str] = arg(None, "Distil from this trained reader (same tokenizer and windows): the loss mixes "
+                                       "in its start and end distributions over the same windows, as the student is "
+                                       "trained (per question under --passages_per_question; "
+                                       "utils/reader/distillation.py).")
+    distillation_weight: Optional[float] = arg(None, "With --teacher: w, the teacher's share of the loss, (1 - w) x "
+                                               "labels + w x T^2 x KL(teacher || student). Default 0.5.")
+    distillation_temperature: Optional[float] = arg(None, "With --teacher: T, the softmax temperature of both "
+                                                    "distributions. Default 2.")
+    num_hidden_layers: Optional[int] = arg(None, "Start from the first N layers of --model_name_or_path (a smaller, "
+                                           "faster reader, e.g. a student for --teacher). Default: all.")
     preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
     cache_dir: Optional[str] = arg(None, "Cache for tokenised datasets (default: ~/.cache/qa-amp).")
 
@@ -157,8 +169,25 @@ class ReaderArgs(TrainArgs):
         if self.do_train:
             self.config(DataConfig)
         self.config(DecodingConfig)
-        self.config(WindowConfig)
+        window = self.config(WindowConfig)
+        self.distillation_config()
+        if self.teacher:
+            check_teacher(self.teacher, self.model_name_or_path, window.max_seq_length, window.doc_stride,
+                          window.max_query_length)
+        check_layers(self.model_name_or_path, self.num_hidden_layers)
         super().validate()
+
+    def distillation_config(self) -> DistillationConfig | None:
+        """The teacher's part in the loss (None: no --teacher); its weight and temperature only with a teacher."""
+        if self.teacher is None:
+            if self.distillation_weight is not None or self.distillation_temperature is not None:
+                raise UserError("--distillation_weight and --distillation_temperature need --teacher")
+            return None
+        if not self.do_train:
+            raise UserError("--teacher teaches a training run: drop it with --do_train false")
+        given = {k: v for k, v in (("distillation_weight", self.distillation_weight),
+                                   ("distillation_temperature", self.distillation_temperature)) if v is not None}
+        return DistillationConfig(self.teacher, **given)
 
 
 @exit_on_user_error
@@ -193,16 +222,19 @@ def main(argv=None):
                 "v2 (with unanswerable questions)" if with_no_answer else "v1.1")
 
     # --- model ---------------------------------------------------------------------------------------
-    model = load_qa_model(args.model_name_or_path, trained=False, verifier=args.verifier)
+    model = load_qa_model(args.model_name_or_path, trained=False, verifier=args.verifier,
+                          num_hidden_layers=args.num_hidden_layers)
+    distillation = args.distillation_config()
+    teacher = None if distillation is None else Teacher(accelerator, distillation)  # never in the optimizer
     optimizer = build_optimizer(model, loop.optimizer, accelerator.device)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train.loader)
 
     # --- fit, validate, publish ----------------------------------------------------------------------
     if train.groups:  # shared normalization: batches of questions, one softmax over each one's windows
         task = GroupedReaderTask(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config,
-                                 train.groups)
+                                 train.groups, teacher=teacher)
     else:
-        task = ReaderTask(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config)
+        task = ReaderTask(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config, teacher=teacher)
     run(accelerator, loop, task, model, optimizer, train_loader)
 
 

@@ -1,9 +1,9 @@
 """What the reader's training and evaluation take, as small typed configs built at the edge (train_reader.py's
 flags, ReaderArgs) with their checks beside them: `WindowConfig` (how a question and its context become windows),
 `DecodingConfig` (how the windows' logits become an answer), `PassagesConfig` (what a training question reads
-besides its own paragraph), `DataConfig` (the training and dev examples) and `EvaluationConfig` (`--do_train
-false`: a trained reader evaluated or predicting). Code below the script reads its settings by name from these,
-never from the command line's namespace. A field's flag has the field's name (`--doc_stride` is
+besides its own paragraph), `DataConfig` (the training and dev examples), `EvaluationConfig` (`--do_train
+false`: a trained reader evaluated or predicting) and `DistillationConfig` (a teacher's part in the loss). Code
+below the script reads its settings by name from these, never from the command line's namespace. A field's flag has the field's name (`--doc_stride` is
 `WindowConfig.doc_stride`): the errors name the flag.
 """
 
@@ -150,3 +150,19 @@ class EvaluationConfig:
         if os.path.abspath(self.output_dir) == os.path.abspath(self.model_name_or_path):
             raise UserError("--output_dir is the model directory: give another one, the model's own "
                             "predictions.json and eval_results.json would be overwritten")
+
+
+@dataclass(frozen=True)
+class DistillationConfig:
+    teacher: Optional[str] = None
+    """A trained reader whose start and end distributions the student learns (None: no teacher)."""
+    distillation_weight: float = 0.5
+    """w: the share of the loss that is the teacher's (the rest is the labels')."""
+    distillation_temperature: float = 2.0
+    """T: both distributions are softmaxes of the logits / T; above 1 the teacher's second choices weigh more."""
+
+    def __post_init__(self):
+        if not 0 < self.distillation_weight <= 1:
+            raise UserError(f"--distillation_weight {self.distillation_weight}: give a share in (0, 1]")
+        if not self.distillation_temperature > 0:
+            raise UserError(f"--distillation_temperature {self.distillation_temperature}: must be above 0")

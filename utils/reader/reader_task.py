@@ -15,6 +15,7 @@ from utils.loop.checkpoints import load_weights
 from utils.loop.task import Task
 from utils.reader.config import DecodingConfig, WindowConfig
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
+from utils.reader.distillation import Teacher
 from utils.reader.groups import QuestionGroups
 from utils.reader.metrics import best_null_threshold, squad_metrics
 from utils.reader.shared_norm import shared_norm_loss
@@ -51,12 +52,14 @@ class ReaderTask(Task):
     passages_per_question = 1  # a paragraph at a time, each window its own softmax
 
     def __init__(self, accelerator, tokenizer, dev: EvalSet, with_no_answer: bool, window_config: WindowConfig,
-                 decoding_config: DecodingConfig, recorded: ReaderSettings | None = None):
+                 decoding_config: DecodingConfig, recorded: ReaderSettings | None = None,
+                 teacher: Teacher | None = None):
         """`with_no_answer`: the data holds unanswerable questions (SQuAD v2), so a null threshold is tuned.
         `window_config`: the windows `dev` was cut into, recorded with the weights. `recorded`: the settings of a
         trained reader being evaluated as it is; its threshold is then the one predictions use (and `recorded_*`
-        metrics report), next to threshold 0 and the threshold tuned on `dev`."""
-        self.accelerator, self.tokenizer = accelerator, tokenizer
+        metrics report), next to threshold 0 and the threshold tuned on `dev`. `teacher`: a reader whose
+        distributions the loss mixes in (utils.reader.distillation)."""
+        self.accelerator, self.tokenizer, self.teacher = accelerator, tokenizer, teacher
         self.window_config, self.decoding_config = window_config, decoding_config
         self.dev, self.with_no_answer, self.recorded = dev, with_no_answer, recorded
         self.null_threshold = None  # of the latest evaluation: what the weights saved next answer with
@@ -79,13 +82,18 @@ class ReaderTask(Task):
 
     def compute_loss(self, model, batch):
         """Mean of the start and end cross-entropies over real tokens only (transformers' own QA loss also
-        spreads probability over padding, so it would change with each batch's padded width); with a verifier, plus
-        its loss over the windows (utils.reader.verifier: a window holds an answer where its start is not [CLS])."""
+        spreads probability over padding, so it would change with each batch's padded width); with a teacher, mixed
+        with its distributions over the same tokens, each window its own (utils.reader.distillation); with a
+        verifier, plus its loss over the windows (utils.reader.verifier: a window holds an answer where its start is
+        not [CLS])."""
         labels = (batch["start_positions"], batch["end_positions"])
-        start, end, verifier = reader_logits(model, {k: v for k, v in batch.items() if k in MODEL_INPUTS})
+        inputs = {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+        start, end, verifier = reader_logits(model, inputs)
         padding = batch["attention_mask"] == 0
         loss = sum(F.cross_entropy(logits.float().masked_fill(padding, -1e4), target)
                    for logits, target in zip((start, end), labels)) / 2
+        if self.teacher is not None:
+            loss = self.teacher.mixed(loss, start, end, inputs, allowed=~padding)
         return loss if verifier is None else loss + verifier_loss(verifier, batch["start_positions"] > 0)
 
     def spans(self, model, eval_set: EvalSet) -> dict:
@@ -158,7 +166,8 @@ class ReaderTask(Task):
                        self.null_threshold, tuned_on, precision=self.accelerator.mixed_precision,
                        normalization="question" if self.shared else "window",
                        passages_per_question=self.passages_per_question,
-                       verifier_weight=self.verifier_weight).save(directory)
+                       verifier_weight=self.verifier_weight,
+                       teacher=None if self.teacher is None else self.teacher.record()).save(directory)
 
     def write_outputs(self, directory, result):
         write_json(self.accelerator, os.path.join(directory, "predictions.json"), result["predictions"])
@@ -181,19 +190,24 @@ class GroupedReaderTask(ReaderTask):
     samples_name = "questions"
 
     def __init__(self, accelerator, tokenizer, dev: EvalSet, with_no_answer: bool, window_config: WindowConfig,
-                 decoding_config: DecodingConfig, groups: QuestionGroups):
+                 decoding_config: DecodingConfig, groups: QuestionGroups, teacher: Teacher | None = None):
         self.passages_per_question = groups.passages_per_question  # > 1: read (and recorded) with one softmax
-        super().__init__(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config)
+        super().__init__(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config, teacher=teacher)
         self.groups = groups
 
     def model_inputs(self, batch):
         return send_to_device(self.groups.batch(batch.tolist(), self.epoch), self.accelerator.device)
 
     def compute_loss(self, model, batch):
-        """The shared-normalization loss (utils.reader.shared_norm); with a verifier, plus its loss averaged per
-        question (utils.reader.verifier: a window holds an answer where it has a target other than [CLS])."""
-        start, end, verifier = reader_logits(model, {k: v for k, v in batch.items() if k in MODEL_INPUTS})
+        """The shared-normalization loss (utils.reader.shared_norm); with a teacher, mixed with its distributions
+        over each question's windows, as the student's (utils.reader.distillation); with a verifier, plus its loss
+        averaged per question (utils.reader.verifier: a window holds an answer where it has a target other than
+        [CLS])."""
+        inputs = {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+        start, end, verifier = reader_logits(model, inputs)
         loss = shared_norm_loss(start, end, batch)
+        if self.teacher is not None:
+            loss = self.teacher.mixed(loss, start, end, inputs, allowed=batch["allowed"], group=batch["group"])
         if verifier is None:
             return loss
         return loss + verifier_loss(verifier, batch["start_target"][:, 1:].any(dim=1), batch["group"])

@@ -25,7 +25,7 @@ import torch
 import transformers
 from safetensors import safe_open
 from torch.utils.data import DataLoader
-from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoTokenizer
 
 from utils.errors import UserError
 from utils.loop.batching import pad_batch
@@ -68,6 +68,8 @@ class ReaderSettings:
     # A reader trained with a verifier (utils.reader.verifier; its head is in model.safetensors): the weight of its
     # score against the null score, tuned on dev with the threshold. None: no verifier.
     verifier_weight: float | None = None
+    # A reader taught by a teacher (utils.reader.distillation): {"model", "weights_sha256", "weight", "temperature"}.
+    teacher: dict | None = None
 
     @property
     def shared(self) -> bool:
@@ -117,12 +119,29 @@ def check_reader_dir(path: str) -> None:
                             "give a directory written by train_reader.py or another extractive QA model")
 
 
-def load_qa_model(path: str, trained: bool = True, verifier: bool | None = None):
+def check_layers(path: str, num_hidden_layers: int | None) -> None:
+    """`num_hidden_layers` (None: all) is a number of `path`'s layers that a model can start from: at least 1, at most
+    as many as it has, of a model whose config counts them as num_hidden_layers."""
+    if num_hidden_layers is None:
+        return
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path}: cannot load a model config ({str(err).splitlines()[0]})") from None
+    have = getattr(config, "num_hidden_layers", None)
+    if have is None:
+        raise UserError(f"--num_hidden_layers: {config.model_type} does not count its layers as num_hidden_layers")
+    if not 1 <= num_hidden_layers <= have:
+        raise UserError(f"--num_hidden_layers {num_hidden_layers}: {path} has {have} layers; give 1 to {have}")
+
+
+def load_qa_model(path: str, trained: bool = True, verifier: bool | None = None, num_hidden_layers: int | None = None):
     """AutoModelForQuestionAnswering from `path`. `trained`: the checkpoint must hold the question-answering head
     (a base encoder, or a DPR encoder, would answer with a randomly initialised head). Training starts from any
     encoder: its new head is expected, and transformers' warning about it is silenced for this load only (as is its
     report of a verifier's weights, which it does not know). `verifier` (utils.reader.verifier): None, the one saved
-    with the model if any; True, that one or else a new one (training with --verifier); False, none. A
+    with the model if any; True, that one or else a new one (training with --verifier); False, none.
+    `num_hidden_layers`: only the first N of its layers (check_layers; the rest of its weights are not loaded). A
     passage-selection head saved by an older version (OLD_SELECTION_HEAD) is left out, said in one log line
     instead of transformers' report of weights it does not know."""
     weights_file = os.path.join(path, "model.safetensors")
@@ -136,7 +155,8 @@ def load_qa_model(path: str, trained: bool = True, verifier: bool | None = None)
     if not trained or old_head or head:
         transformers.utils.logging.set_verbosity_error()
     try:
-        model, info = AutoModelForQuestionAnswering.from_pretrained(path, output_loading_info=True)
+        layers = {} if num_hidden_layers is None else {"num_hidden_layers": num_hidden_layers}
+        model, info = AutoModelForQuestionAnswering.from_pretrained(path, output_loading_info=True, **layers)
     except (OSError, ValueError) as err:
         raise UserError(f"{path}: cannot load a QA model ({str(err).splitlines()[0]})") from None
     finally:

@@ -1,0 +1,170 @@
+"""A reader taught by a teacher (train_reader.py --teacher, utils.reader.distillation): the KL by hand, a teacher
+equal to the student adding exactly nothing to the labels' share, a run with a teacher that resumes bit-identically
+and trains on 2 processes as on 1, the teacher recorded, a mismatched teacher refused before anything is created,
+and a student started from the first layers of a model (--num_hidden_layers)."""
+
+import json
+import os
+import types
+
+import numpy as np
+import pytest
+import torch
+from accelerate import Accelerator
+from conftest import SAMPLE, assert_same_weights, assert_user_error, run_killed_at_checkpoint, run_script
+from safetensors import safe_open
+from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+from utils.reader.config import DistillationConfig
+from utils.reader.distillation import Teacher, distillation_kl, weights_hash
+from utils.reader.reader_task import GroupedReaderTask, ReaderTask
+from utils.reader.shared_norm import shared_norm_loss
+from utils.reader.trained import ReaderSettings
+
+
+def softmax(x):
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def kl(p_logits, q_logits, temperature):
+    p, q = softmax(np.asarray(p_logits) / temperature), softmax(np.asarray(q_logits) / temperature)
+    return float((p * (np.log(p) - np.log(q))).sum())
+
+
+def test_the_kl_is_the_teachers_over_the_students_per_question_or_per_window_computed_by_hand():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(3, 5), torch.randn(3, 5) * 2
+    allowed = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 1, 1, 1], [1, 1, 1, 1, 0]], dtype=torch.bool)
+    s, t, a, temperature = student.numpy().astype(np.float64), teacher.numpy().astype(np.float64), allowed.numpy(), 2.0
+    # per question: question 0 reads windows 0 and 1 (one distribution over both), question 1 window 2
+    q0 = kl(np.concatenate([t[0][a[0]], t[1][a[1]]]), np.concatenate([s[0][a[0]], s[1][a[1]]]), temperature)
+    q1 = kl(t[2][a[2]], s[2][a[2]], temperature)
+    got = distillation_kl(student, teacher, allowed, temperature, torch.tensor([0, 0, 1]))
+    assert got.item() == pytest.approx((q0 + q1) / 2, rel=1e-5)
+    per_window = np.mean([kl(t[i][a[i]], s[i][a[i]], temperature) for i in range(3)])
+    assert distillation_kl(student, teacher, allowed, temperature).item() == pytest.approx(per_window, rel=1e-5)
+    assert distillation_kl(student, student, allowed, temperature).item() == 0.0
+
+
+@pytest.fixture(scope="module")
+def qa_dir(tiny_bert_no_dropout_dir, tmp_path_factory):
+    """The tiny BERT with a question-answering head: a reader as far as a teacher needs (its head untrained)."""
+    path = str(tmp_path_factory.mktemp("qa"))
+    torch.manual_seed(1)
+    AutoModelForQuestionAnswering.from_pretrained(tiny_bert_no_dropout_dir).save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_bert_no_dropout_dir).save_pretrained(path)
+    return path
+
+
+def test_a_teacher_equal_to_the_student_leaves_exactly_the_labels_share_of_the_loss(qa_dir):
+    teacher = Teacher(Accelerator(cpu=True), DistillationConfig(qa_dir, distillation_weight=0.3))
+    student = AutoModelForQuestionAnswering.from_pretrained(qa_dir).eval()
+    n, width = 3, 10
+    torch.manual_seed(0)
+    batch = {"input_ids": torch.randint(5, 100, (n, width)), "attention_mask": torch.ones(n, width, dtype=torch.long),
+             "group": torch.tensor([0, 0, 1]), "allowed": torch.ones(n, width, dtype=torch.bool),
+             "start_target": torch.zeros(n, width, dtype=torch.bool), "end_target": torch.zeros(n, width, dtype=torch.bool)}
+    batch["start_target"][0, 2] = batch["end_target"][0, 4] = batch["start_target"][2, 0] = batch["end_target"][2, 0] = 1
+    loss = GroupedReaderTask.compute_loss(types.SimpleNamespace(teacher=teacher), student, batch)
+    out = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    assert torch.equal(loss, 0.7 * shared_norm_loss(out.start_logits, out.end_logits, batch))
+    # a window-level reader likewise, over each window's tokens
+    window = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+              "start_positions": torch.tensor([2, 0, 0]), "end_positions": torch.tensor([4, 0, 0])}
+    alone = ReaderTask.compute_loss(types.SimpleNamespace(teacher=None), student, window)
+    assert torch.equal(ReaderTask.compute_loss(types.SimpleNamespace(teacher=teacher), student, window), 0.7 * alone)
+    assert not any(p.requires_grad for p in teacher.model.parameters())
+
+
+def distil_args(student, teacher, out, per_device, *extra):
+    return ["--model_name_or_path", student, "--teacher", teacher, "--output_dir", out, "--per_device_train_batch_size",
+            per_device, "--learning_rate", 1e-3, "--max_train_steps", 6, "--logging_steps", 1, "--group_by_length",
+            "false", "--per_device_eval_batch_size", 5, "--passages_per_question", 3, "--passages",
+            f"{SAMPLE}/dpr_passages.jsonl", "--eval_before_training", "false", *extra]
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tiny_bert_no_dropout_dir, tmp_path_factory):
+    """A tiny reader trained with shared normalization on the sample: the teacher of the runs below."""
+    out = str(tmp_path_factory.mktemp("teacher") / "out")
+    run_script("train_reader.py", "--model_name_or_path", tiny_bert_no_dropout_dir, "--output_dir", out,
+               "--per_device_train_batch_size", 4, "--learning_rate", 1e-3, "--max_train_steps", 10,
+               "--passages_per_question", 3, "--passages", f"{SAMPLE}/dpr_passages.jsonl",
+               "--eval_before_training", "false")
+    return out
+
+
+def test_a_distilled_run_records_its_teacher_and_resumes_to_the_same_weights(tiny_bert_dir, teacher_dir, tmp_path):
+    ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
+    args = ["--checkpointing_steps", 2, "--distillation_weight", 0.7, "--distillation_temperature", 3]
+    run_script("train_reader.py", *distil_args(tiny_bert_dir, teacher_dir, ref, 4, *args))
+    recorded = ReaderSettings.load(ref).teacher
+    assert recorded == {"model": teacher_dir, "weights_sha256": weights_hash(teacher_dir), "weight": 0.7,
+                        "temperature": 3.0}
+    run_killed_at_checkpoint("train_reader.py", distil_args(tiny_bert_dir, teacher_dir, killed, 4, *args), killed,
+                             step=2)
+    run_script("train_reader.py", *distil_args(tiny_bert_dir, teacher_dir, killed, 4, *args,
+                                               "--resume_from_checkpoint", "latest"))
+    assert_same_weights(os.path.join(ref, "model.safetensors"), os.path.join(killed, "model.safetensors"))
+    # the teacher taught: the same run without it ends elsewhere
+    alone = str(tmp_path / "alone")
+    run_script("train_reader.py", *[a for a in distil_args(tiny_bert_dir, teacher_dir, alone, 4, "--checkpointing_steps",
+                                                           2) if a not in ("--teacher", teacher_dir)])
+    with safe_open(f"{ref}/model.safetensors", "pt") as a, safe_open(f"{alone}/model.safetensors", "pt") as b:
+        assert not torch.equal(a.get_tensor("qa_outputs.weight"), b.get_tensor("qa_outputs.weight"))
+
+
+def test_two_processes_distil_as_one(tiny_bert_no_dropout_dir, teacher_dir, tmp_path):
+    from test_distributed import READER_INVARIANT, TOL, assert_weights_close, log, run_ddp
+
+    single, ddp = str(tmp_path / "single"), str(tmp_path / "ddp")
+    run_script("train_reader.py", *distil_args(tiny_bert_no_dropout_dir, teacher_dir, single, 4),
+               env={"OMP_NUM_THREADS": "1"})
+    run_ddp("train_reader.py", *distil_args(tiny_bert_no_dropout_dir, teacher_dir, ddp, 2))
+    torch.testing.assert_close([r["loss"] for r in log(ddp)], [r["loss"] for r in log(single)], **TOL)
+    assert_weights_close(f"{single}/model.safetensors", f"{ddp}/model.safetensors", READER_INVARIANT)
+
+
+def test_a_teacher_that_cuts_text_otherwise_is_refused_before_anything_is_created(tiny_bert_dir, teacher_dir,
+                                                                                   tmp_path):
+    other_windows = str(tmp_path / "t256")  # the same weights, recorded with other windows
+    os.makedirs(other_windows)
+    for name in os.listdir(teacher_dir):
+        if os.path.isfile(os.path.join(teacher_dir, name)):
+            os.symlink(os.path.join(teacher_dir, name), os.path.join(other_windows, name))
+    os.remove(os.path.join(other_windows, "reader_settings.json"))
+    settings = json.load(open(f"{teacher_dir}/reader_settings.json"))
+    json.dump({**settings, "max_seq_length": 256}, open(f"{other_windows}/reader_settings.json", "w"))
+
+    other_tokenizer = str(tmp_path / "vocab")  # another vocabulary
+    model = AutoModelForQuestionAnswering.from_pretrained(teacher_dir)
+    tok = AutoTokenizer.from_pretrained(teacher_dir)
+    tok.add_tokens(["loomwright"])
+    model.save_pretrained(other_tokenizer)
+    tok.save_pretrained(other_tokenizer)
+
+    for teacher, expected in [(other_windows, "reads windows of max_seq_length/doc_stride/max_query_length 256/"),
+                              (other_tokenizer, "its tokenizer is not the student's"),
+                              (tiny_bert_dir, "not a trained reader")]:
+        out = tmp_path / "out"
+        proc = run_script("train_reader.py", *distil_args(tiny_bert_dir, teacher, out, 4), check=False)
+        assert_user_error(proc, expected)
+        assert not out.exists()
+    proc = run_script("train_reader.py", "--distillation_weight", 0.5, "--output_dir", tmp_path / "o", check=False)
+    assert_user_error(proc, "need --teacher")
+
+
+def test_a_student_starts_from_the_first_layers_of_its_model(teacher_dir, tmp_path):
+    out = str(tmp_path / "one-layer")
+    run_script("train_reader.py", "--model_name_or_path", teacher_dir, "--num_hidden_layers", 1, "--output_dir", out,
+               "--max_train_steps", 1, "--learning_rate", 1e-12, "--eval_before_training", "false")
+    with safe_open(f"{out}/model.safetensors", "pt") as f, safe_open(f"{teacher_dir}/model.safetensors", "pt") as t:
+        assert not any(".layer.1." in k for k in f.keys())
+        # a step at lr 1e-12 leaves the first layer as the model's
+        torch.testing.assert_close(f.get_tensor("bert.encoder.layer.0.attention.self.query.weight"),
+                                   t.get_tensor("bert.encoder.layer.0.attention.self.query.weight"))
+    assert json.load(open(f"{out}/config.json"))["num_hidden_layers"] == 1
+    proc = run_script("train_reader.py", "--model_name_or_path", teacher_dir, "--num_hidden_layers", 3,
+                      "--output_dir", tmp_path / "o", check=False)
+    assert_user_error(proc, "has 2 layers; give 1 to 2")

@@ -1,0 +1,111 @@
+"""A reader taught by a teacher (Hinton et al. 2015; Haystack 1.x's FARMReader.distil_prediction_layer_from):
+train_reader.py --teacher DIR.
+
+Every training batch's windows are also read by the teacher, a trained reader of the same tokenizer and windows,
+and the student's loss becomes (1 - w) x the labels' loss + w x T^2 x KL(teacher || student) on the start and on the
+end distributions at temperature T (the mean of the two, as the labels' loss is): the student learns where the
+teacher puts its probability, second choices and no-answer included, not only the one labelled position. T^2
+keeps the gradient of the soft part on the scale of the labels' as T changes (Hinton et al.).
+
+The distributions are those the student is trained with: under shared normalization (--passages_per_question) one
+softmax over every context token and [CLS] of every window a question reads (utils.reader.shared_norm), so the
+teacher's share of the no-answer and of each passage is what the student learns; a window-level reader's are each
+window's own, over its tokens. The teacher's logits are computed on the fly, in the run's autocast and without
+gradients: under --passages_per_question a question's passages are drawn anew each epoch, so a cache would hold
+what is never read again, and a teacher in eval mode gives the same logits to the same windows, which is all exact
+resume and 2 processes = 1 need. The teacher sits on the student's device, outside the optimizer, DDP and the
+checkpoints (it never changes), and reader_settings.json records which teacher it was (its path and a hash of its
+weights) with w and T.
+
+A teacher that cuts text differently would teach positions that are other tokens: its tokenizer (vocabulary and how
+a probe text is split) and its recorded windows (max_seq_length, doc_stride, max_query_length) must be the
+student's, checked before anything is created.
+"""
+
+import hashlib
+import os
+
+import torch
+
+from utils.errors import UserError
+from utils.reader.config import DistillationConfig
+from utils.reader.shared_norm import NEG
+from utils.reader.trained import ReaderSettings, check_reader_dir, load_qa_model
+from utils.reader.windows import load_tokenizer
+
+# Cased and accented letters, digits, punctuation and a long word: where two tokenizers that share a vocabulary can
+# still split differently (lower-casing, accent stripping, pre-tokenisation)
+PROBE = "Ångström's 1843 loom, at 50°C (İstanbul): non-déjà-vu élan — über-internationalization!"
+
+
+def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_stride: int, max_query_length: int):
+    """A teacher the student can learn from: a trained reader whose tokenizer and recorded windows are the
+    student's (`student_model`'s tokenizer, the windows the run cuts). A one-line UserError otherwise."""
+    check_reader_dir(teacher)
+    theirs, ours = load_tokenizer(teacher, max_seq_length), load_tokenizer(student_model, max_seq_length)
+    if theirs.get_vocab() != ours.get_vocab() or theirs(PROBE)["input_ids"] != ours(PROBE)["input_ids"]:
+        raise UserError(f"--teacher {teacher}: its tokenizer is not the student's ({student_model}): the positions it "
+                        "teaches would be other tokens; give a teacher trained from the same tokenizer")
+    recorded = ReaderSettings.load(teacher) or ReaderSettings()
+    want = (max_seq_length, doc_stride, max_query_length)
+    have = (recorded.max_seq_length, recorded.doc_stride, recorded.max_query_length)
+    if have != want:
+        raise UserError(f"--teacher {teacher}: it reads windows of max_seq_length/doc_stride/max_query_length "
+                        f"{'/'.join(map(str, have))}, the student {'/'.join(map(str, want))}: give the student the "
+                        "teacher's (--max_seq_length, --doc_stride, --max_query_length)")
+
+
+def weights_hash(directory: str) -> str | None:
+    """sha256 of a model directory's model.safetensors (None without one): which teacher it was."""
+    path = os.path.join(directory, "model.safetensors")
+    if not os.path.isfile(path):
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def distillation_kl(student: torch.Tensor, teacher: torch.Tensor, allowed: torch.Tensor, temperature: float,
+                    group: torch.Tensor | None = None) -> torch.Tensor:
+    """KL(softmax(teacher / T) || softmax(student / T)) over the `allowed` positions (windows x positions), one
+    distribution per question over all its windows (`group`: each window's question, 0..B-1), or (None) per window;
+    the mean over the distributions."""
+    s = student.float().masked_fill(~allowed, NEG) / temperature
+    t = teacher.float().masked_fill(~allowed, NEG) / temperature
+    if group is None:
+        rows = [(s, t)]
+    else:
+        rows = [(s[group == g].reshape(1, -1), t[group == g].reshape(1, -1)) for g in range(int(group.max()) + 1)]
+    total, count = s.new_zeros(()), 0
+    for ss, tt in rows:
+        log_s, log_t = torch.log_softmax(ss, dim=-1), torch.log_softmax(tt, dim=-1)
+        total = total + (log_t.exp() * (log_t - log_s)).sum()
+        count += ss.shape[0]
+    return total / count
+
+
+class Teacher:
+    """The teacher of a run: loaded once on the student's device, in eval mode, without gradients."""
+
+    def __init__(self, accelerator, config: DistillationConfig):
+        self.accelerator, self.config = accelerator, config
+        self.model = load_qa_model(config.teacher, verifier=False).to(accelerator.device).eval().requires_grad_(False)
+
+    def record(self) -> dict:
+        """What reader_settings.json says of the teacher."""
+        c = self.config
+        return {"model": c.teacher, "weights_sha256": weights_hash(c.teacher), "weight": c.distillation_weight,
+                "temperature": c.distillation_temperature}
+
+    def mixed(self, labels_loss: torch.Tensor, start: torch.Tensor, end: torch.Tensor, inputs: dict,
+              allowed: torch.Tensor, group: torch.Tensor | None = None) -> torch.Tensor:
+        """(1 - w) x `labels_loss` + w x T^2 x the mean of the start and end KLs against the teacher's logits of
+        the same `inputs` (the model's inputs), over `allowed` (per question with `group`)."""
+        with torch.no_grad(), self.accelerator.autocast():
+            out = self.model(**inputs)
+        w, temperature = self.config.distillation_weight, self.config.distillation_temperature
+        kl = (distillation_kl(start, out.start_logits, allowed, temperature, group)
+              + distillation_kl(end, out.end_logits, allowed, temperature, group)) / 2
+        return (1 - w) * labels_loss + w * temperature ** 2 * kl
