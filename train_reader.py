@@ -132,6 +132,10 @@ class ReaderArgs(TrainArgs):
                                                "labels + w x T^2 x KL(teacher || student). Default 0.5.")
     distillation_temperature: Optional[float] = arg(None, "With --teacher: T, the softmax temperature of both "
                                                     "distributions. Default 2.")
+    distil_layers: Optional[str] = arg(None, "With --teacher: the intermediate stage (TinyBERT) instead of the "
+                                       "prediction layer: student:teacher layer pairs, e.g. 0:0,1:2,2:4,3:6 (0: the "
+                                       "embeddings), hidden states and attention matched; then distil the prediction "
+                                       "layer from this run's output.")
     num_hidden_layers: Optional[int] = arg(None, "Start from the first N layers of --model_name_or_path (a smaller, "
                                            "faster reader, e.g. a student for --teacher). Default: all.")
     preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
@@ -170,24 +174,27 @@ class ReaderArgs(TrainArgs):
             self.config(DataConfig)
         self.config(DecodingConfig)
         window = self.config(WindowConfig)
-        self.distillation_config()
-        if self.teacher:
-            check_teacher(self.teacher, self.model_name_or_path, window.max_seq_length, window.doc_stride,
-                          window.max_query_length)
         check_layers(self.model_name_or_path, self.num_hidden_layers)
+        distillation = self.distillation_config()
+        if distillation:
+            check_teacher(self.teacher, self.model_name_or_path, window.max_seq_length, window.doc_stride,
+                          window.max_query_length, distillation.layer_pairs, self.num_hidden_layers)
         super().validate()
 
     def distillation_config(self) -> DistillationConfig | None:
         """The teacher's part in the loss (None: no --teacher); its weight and temperature only with a teacher."""
         if self.teacher is None:
-            if self.distillation_weight is not None or self.distillation_temperature is not None:
-                raise UserError("--distillation_weight and --distillation_temperature need --teacher")
+            if any(v is not None for v in (self.distillation_weight, self.distillation_temperature, self.distil_layers)):
+                raise UserError("--distillation_weight, --distillation_temperature and --distil_layers need --teacher")
             return None
         if not self.do_train:
             raise UserError("--teacher teaches a training run: drop it with --do_train false")
+        if self.distil_layers and (self.verifier or self.eval_steps):
+            raise UserError("--distil_layers trains the student's layers, not its answers: drop --verifier and "
+                            "--eval_steps (its dev scores would choose nothing)")
         given = {k: v for k, v in (("distillation_weight", self.distillation_weight),
                                    ("distillation_temperature", self.distillation_temperature)) if v is not None}
-        return DistillationConfig(self.teacher, **given)
+        return DistillationConfig(self.teacher, **given, distil_layers=self.distil_layers)
 
 
 @exit_on_user_error
@@ -226,6 +233,8 @@ def main(argv=None):
                           num_hidden_layers=args.num_hidden_layers)
     distillation = args.distillation_config()
     teacher = None if distillation is None else Teacher(accelerator, distillation)  # never in the optimizer
+    if teacher:
+        teacher.attach(model)  # the intermediate stage's projection joins the student before its optimizer is built
     optimizer = build_optimizer(model, loop.optimizer, accelerator.device)
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train.loader)
 

@@ -101,7 +101,7 @@ def test_a_distilled_run_records_its_teacher_and_resumes_to_the_same_weights(tin
     run_script("train_reader.py", *distil_args(tiny_bert_dir, teacher_dir, ref, 4, *args))
     recorded = ReaderSettings.load(ref).teacher
     assert recorded == {"model": teacher_dir, "weights_sha256": weights_hash(teacher_dir), "weight": 0.7,
-                        "temperature": 3.0}
+                        "temperature": 3.0, "distil_layers": None}
     run_killed_at_checkpoint("train_reader.py", distil_args(tiny_bert_dir, teacher_dir, killed, 4, *args), killed,
                              step=2)
     run_script("train_reader.py", *distil_args(tiny_bert_dir, teacher_dir, killed, 4, *args,
@@ -168,3 +168,98 @@ def test_a_student_starts_from_the_first_layers_of_its_model(teacher_dir, tmp_pa
     proc = run_script("train_reader.py", "--model_name_or_path", teacher_dir, "--num_hidden_layers", 3,
                       "--output_dir", tmp_path / "o", check=False)
     assert_user_error(proc, "has 2 layers; give 1 to 2")
+
+
+@pytest.fixture(scope="module")
+def narrow_teacher_dir(tokenizer, tmp_path_factory):
+    """A reader 32 wide (the students are 64): the intermediate stage needs a projection to it."""
+    from transformers import BertConfig, BertModel
+
+    base = str(tmp_path_factory.mktemp("narrow-base"))
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    torch.manual_seed(2)
+    BertModel(config).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    out = str(tmp_path_factory.mktemp("narrow") / "out")
+    run_script("train_reader.py", "--model_name_or_path", base, "--output_dir", out, "--per_device_train_batch_size", 4,
+               "--learning_rate", 1e-3, "--max_train_steps", 4, "--eval_before_training", "false")
+    return out
+
+
+def test_the_intermediate_loss_is_zero_for_the_student_itself_and_computed_by_hand_through_a_projection(
+        qa_dir, narrow_teacher_dir):
+    torch.manual_seed(0)
+    inputs = {"input_ids": torch.randint(5, 100, (3, 9)), "attention_mask": torch.ones(3, 9, dtype=torch.long)}
+    inputs["attention_mask"][1, 6:] = 0
+    group = torch.tensor([0, 0, 1])
+
+    itself = Teacher(Accelerator(cpu=True), DistillationConfig(qa_dir, distil_layers="0:0,1:1,2:2"))
+    student = AutoModelForQuestionAnswering.from_pretrained(qa_dir).eval()
+    itself.attach(student)
+    assert itself.attention and not hasattr(student, "distil_projection")
+    assert itself.intermediate_loss(student, inputs, group).item() == 0.0
+
+    teacher = Teacher(Accelerator(cpu=True), DistillationConfig(narrow_teacher_dir, distil_layers="0:0,2:1"))
+    student = AutoModelForQuestionAnswering.from_pretrained(qa_dir).eval()
+    teacher.attach(student)
+    loss = teacher.intermediate_loss(student, inputs, group)
+    loss.backward()
+    assert student.distil_projection.weight.grad.abs().sum() > 0 and student.qa_outputs.weight.grad is not None
+
+    with torch.no_grad():
+        s = student(**inputs, output_hidden_states=True, output_attentions=True)
+        t = teacher.model(**inputs, output_hidden_states=True, output_attentions=True)
+        proj = student.distil_projection
+        per_window = []
+        for w in range(3):
+            n = int(inputs["attention_mask"][w].sum())
+            total = 0.0
+            for si, ti in ((0, 0), (2, 1)):
+                d = proj(s.hidden_states[si][w, :n]) - t.hidden_states[ti][w, :n]
+                total += float((d ** 2).mean())
+            ps, pt = s.attentions[1][w, :, :n, :n].double(), t.attentions[0][w, :, :n, :n].double()  # layer 2 : 1
+            total += float((pt * (pt.log() - ps.log())).sum(-1).mean())  # mean over heads and tokens
+            per_window.append(total)
+    assert loss.item() == pytest.approx(((per_window[0] + per_window[1]) / 2 + per_window[2]) / 2, rel=1e-4)
+
+
+def stage_args(student, teacher, out, per_device):
+    return ["--model_name_or_path", student, "--teacher", teacher, "--distil_layers", "0:0,1:1,2:2", "--output_dir",
+            out, "--per_device_train_batch_size", per_device, "--learning_rate", 1e-3, "--max_train_steps", 4,
+            "--logging_steps", 1, "--group_by_length", "false", "--per_device_eval_batch_size", 5,
+            "--passages_per_question", 2, "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--eval_before_training",
+            "false"]
+
+
+def test_the_intermediate_stage_trains_on_two_processes_as_on_one_then_the_prediction_layer_follows(
+        tiny_bert_no_dropout_dir, narrow_teacher_dir, tmp_path):
+    from test_distributed import TOL, assert_weights_close, log, run_ddp
+
+    single, ddp = str(tmp_path / "single"), str(tmp_path / "ddp")
+    run_script("train_reader.py", *stage_args(tiny_bert_no_dropout_dir, narrow_teacher_dir, single, 4),
+               env={"OMP_NUM_THREADS": "1"})
+    run_ddp("train_reader.py", *stage_args(tiny_bert_no_dropout_dir, narrow_teacher_dir, ddp, 2))
+    torch.testing.assert_close([r["loss"] for r in log(ddp)], [r["loss"] for r in log(single)], **TOL)
+    # the answer heads had no say in this stage: their gradient is exactly 0 on both
+    assert_weights_close(f"{single}/model.safetensors", f"{ddp}/model.safetensors", ("qa_outputs.bias",))
+    with safe_open(f"{single}/model.safetensors", "pt") as f:
+        assert not any(k.startswith("distil_projection.") for k in f.keys())  # the projection served this run alone
+    assert ReaderSettings.load(single).teacher["distil_layers"] == "0:0,1:1,2:2"
+    final = str(tmp_path / "final")  # the prediction layer, from the stage's output
+    run_script("train_reader.py", *distil_args(single, narrow_teacher_dir, final, 4))
+    assert ReaderSettings.load(final).teacher["distil_layers"] is None
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--distil_layers", "0:0,1:5"], "the teacher has layers 0 to 2 (0: the embeddings), not 5"),
+    (["--distil_layers", "1-2"], "give student:teacher layer pairs"),
+    (["--distil_layers", "1:1,1:2"], "a student layer learns one teacher layer"),
+    (["--distil_layers", "1:1", "--eval_steps", 2], "drop --verifier and --eval_steps"),
+])
+def test_a_layer_map_the_models_cannot_follow_is_refused(tiny_bert_dir, teacher_dir, tmp_path, extra, expected):
+    out = tmp_path / "out"
+    proc = run_script("train_reader.py", *distil_args(tiny_bert_dir, teacher_dir, out, 4, *extra), check=False)
+    assert_user_error(proc, expected)
+    assert not out.exists()

@@ -5,6 +5,7 @@ tests/test_shared_norm.py."""
 
 import json
 import math
+import types
 
 import pytest
 import torch
@@ -41,7 +42,7 @@ def test_a_tiny_readers_loss_is_the_span_loss_plus_the_verifiers_on_its_cls_vect
              "start_target": torch.zeros(n, width, dtype=torch.bool), "end_target": torch.zeros(n, width, dtype=torch.bool)}
     batch["start_target"][0, 3] = batch["end_target"][0, 5] = True  # question 0: its answer in its first window
     batch["start_target"][2:, 0] = batch["end_target"][2:, 0] = True  # question 1: unanswerable
-    loss = GroupedReaderTask.compute_loss(None, model, batch)
+    loss = GroupedReaderTask.compute_loss(types.SimpleNamespace(teacher=None), model, batch)
 
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
     cls = out.hidden_states[-1][:, 0]

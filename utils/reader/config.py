@@ -160,8 +160,28 @@ class DistillationConfig:
     """w: the share of the loss that is the teacher's (the rest is the labels')."""
     distillation_temperature: float = 2.0
     """T: both distributions are softmaxes of the logits / T; above 1 the teacher's second choices weigh more."""
+    distil_layers: Optional[str] = None
+    """The intermediate stage (TinyBERT): "S:T,..." pairs of a student layer and the teacher layer it learns (0: the
+    embeddings, i: the output of layer i); None: the prediction layer."""
+
+    @property
+    def layer_pairs(self) -> tuple:
+        """distil_layers as ((student layer, teacher layer), ...)."""
+        if self.distil_layers is None:
+            return ()
+        try:
+            pairs = tuple(tuple(int(x) for x in pair.split(":")) for pair in self.distil_layers.split(","))
+        except ValueError:
+            pairs = ((),)
+        if any(len(p) != 2 or min(p) < 0 for p in pairs):
+            raise UserError(f"--distil_layers {self.distil_layers}: give student:teacher layer pairs, e.g. "
+                            "0:0,1:2,2:4,3:6 (0: the embeddings)")
+        if len({s for s, _ in pairs}) != len(pairs):
+            raise UserError(f"--distil_layers {self.distil_layers}: a student layer learns one teacher layer")
+        return pairs
 
     def __post_init__(self):
+        self.layer_pairs  # noqa: B018 (checked as it is built)
         if not 0 < self.distillation_weight <= 1:
             raise UserError(f"--distillation_weight {self.distillation_weight}: give a share in (0, 1]")
         if not self.distillation_temperature > 0:

@@ -20,14 +20,25 @@ weights) with w and T.
 A teacher that cuts text differently would teach positions that are other tokens: its tokenizer (vocabulary and how
 a probe text is split) and its recorded windows (max_seq_length, doc_stride, max_query_length) must be the
 student's, checked before anything is created.
+
+The intermediate stage (TinyBERT, Jiao et al. 2020; Haystack's distil_intermediate_layers_from): with
+--distil_layers "S:T,..." the run trains the student's layers, not its answers: each student layer S (0: the
+embeddings) learns the teacher's layer T, the mean squared error between their hidden states over the window's
+tokens (the student's through a learned projection, `distil_projection`, where the widths differ; dropped from the
+saved model), plus, where both have as many attention heads, the KL between their attention distributions
+(each head's, each token's: MiniLM's form, since transformers returns attention probabilities, not TinyBERT's
+unnormalised scores; both read with eager attention for it). Per window, then per question, as the other losses.
+A second run, `--model_name_or_path <that run> --teacher DIR`, then distils the prediction layer.
 """
 
 import hashlib
 import os
 
 import torch
+from transformers import AutoConfig
 
 from utils.errors import UserError
+from utils.numeric import question_mean
 from utils.reader.config import DistillationConfig
 from utils.reader.shared_norm import NEG
 from utils.reader.trained import ReaderSettings, check_reader_dir, load_qa_model
@@ -38,10 +49,20 @@ from utils.reader.windows import load_tokenizer
 PROBE = "Ångström's 1843 loom, at 50°C (İstanbul): non-déjà-vu élan — über-internationalization!"
 
 
-def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_stride: int, max_query_length: int):
+def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_stride: int, max_query_length: int,
+                  layer_pairs: tuple = (), student_layers: int | None = None):
     """A teacher the student can learn from: a trained reader whose tokenizer and recorded windows are the
-    student's (`student_model`'s tokenizer, the windows the run cuts). A one-line UserError otherwise."""
+    student's (`student_model`'s tokenizer, the windows the run cuts) and, for the intermediate stage, that has the
+    layers `layer_pairs` name (the student's: `student_layers`, None: all of `student_model`'s). A one-line
+    UserError otherwise."""
     check_reader_dir(teacher)
+    if layer_pairs:
+        have = (student_layers or AutoConfig.from_pretrained(student_model).num_hidden_layers,
+                AutoConfig.from_pretrained(teacher).num_hidden_layers)
+        for side, layer, count in ((side, pair[side], have[side]) for pair in layer_pairs for side in (0, 1)):
+            if layer > count:
+                raise UserError(f"--distil_layers: the {('student', 'teacher')[side]} has layers 0 to {count} "
+                                f"(0: the embeddings), not {layer}")
     theirs, ours = load_tokenizer(teacher, max_seq_length), load_tokenizer(student_model, max_seq_length)
     if theirs.get_vocab() != ours.get_vocab() or theirs(PROBE)["input_ids"] != ours(PROBE)["input_ids"]:
         raise UserError(f"--teacher {teacher}: its tokenizer is not the student's ({student_model}): the positions it "
@@ -86,18 +107,62 @@ def distillation_kl(student: torch.Tensor, teacher: torch.Tensor, allowed: torch
     return total / count
 
 
+PROJECTION = "distil_projection"
+
+
 class Teacher:
     """The teacher of a run: loaded once on the student's device, in eval mode, without gradients."""
 
     def __init__(self, accelerator, config: DistillationConfig):
-        self.accelerator, self.config = accelerator, config
+        self.accelerator, self.config, self.layer_pairs = accelerator, config, config.layer_pairs
         self.model = load_qa_model(config.teacher, verifier=False).to(accelerator.device).eval().requires_grad_(False)
+        self.attention = False  # the intermediate stage matches attention too (`attach`)
+
+    def attach(self, student) -> None:
+        """For the intermediate stage, before the optimizer is built: a projection of the student's hidden states to
+        the teacher's width where they differ (trained with the student), and eager attention on both where their
+        head counts match (its probabilities are compared)."""
+        if not self.layer_pairs:
+            return
+        ours, theirs = student.config, self.model.config
+        if ours.hidden_size != theirs.hidden_size:
+            projection = torch.nn.Linear(ours.hidden_size, theirs.hidden_size)
+            torch.nn.init.normal_(projection.weight, std=getattr(ours, "initializer_range", 0.02))
+            torch.nn.init.zeros_(projection.bias)
+            setattr(student, PROJECTION, projection.to(self.accelerator.device))
+        self.attention = ours.num_attention_heads == theirs.num_attention_heads
+        if self.attention:
+            student.set_attn_implementation("eager")
+            self.model.set_attn_implementation("eager")
 
     def record(self) -> dict:
         """What reader_settings.json says of the teacher."""
         c = self.config
         return {"model": c.teacher, "weights_sha256": weights_hash(c.teacher), "weight": c.distillation_weight,
-                "temperature": c.distillation_temperature}
+                "temperature": c.distillation_temperature, "distil_layers": c.distil_layers}
+
+    def intermediate_loss(self, model, inputs: dict, group: torch.Tensor | None = None) -> torch.Tensor:
+        """The intermediate stage's loss (the module docstring): per window the layer pairs' hidden-state MSE and
+        attention KL, each a mean over the window's tokens; the mean per question (`group`), then over questions.
+        The answer heads' logits join at weight 0, so that every parameter has a gradient (DDP reduces them all)."""
+        out = model(**inputs, output_hidden_states=True, output_attentions=self.attention)
+        with torch.no_grad(), self.accelerator.autocast():
+            theirs = self.model(**inputs, output_hidden_states=True, output_attentions=self.attention)
+        tokens = inputs["attention_mask"].float()
+        per_token = tokens.new_zeros(tokens.shape)
+        projection = getattr(getattr(model, "module", model), PROJECTION, None)
+        for s, t in self.layer_pairs:
+            hidden = out.hidden_states[s].float()
+            if projection is not None:
+                hidden = projection(hidden)
+            per_token = per_token + ((hidden - theirs.hidden_states[t].float()) ** 2).mean(-1)
+            if self.attention and s > 0 and t > 0:
+                ps, pt = out.attentions[s - 1].float(), theirs.attentions[t - 1].float()  # windows x heads x q x k
+                kl = (pt * (pt.clamp_min(1e-12).log() - ps.clamp_min(1e-12).log())).sum(-1)  # padded keys: 0
+                per_token = per_token + kl.mean(1)
+        per_window = (per_token * tokens).sum(1) / tokens.sum(1)
+        tied = (out.start_logits.float().sum() + out.end_logits.float().sum()) * 0.0
+        return question_mean(per_window, group) + tied
 
     def mixed(self, labels_loss: torch.Tensor, start: torch.Tensor, end: torch.Tensor, inputs: dict,
               allowed: torch.Tensor, group: torch.Tensor | None = None) -> torch.Tensor:
@@ -109,3 +174,8 @@ class Teacher:
         kl = (distillation_kl(start, out.start_logits, allowed, temperature, group)
               + distillation_kl(end, out.end_logits, allowed, temperature, group)) / 2
         return (1 - w) * labels_loss + w * temperature ** 2 * kl
+
+
+def without_projection(state_dict: dict) -> dict:
+    """A student's weights to save: the intermediate stage's projection left out (it served that run alone)."""
+    return {k: v for k, v in state_dict.items() if not k.startswith(PROJECTION + ".")}

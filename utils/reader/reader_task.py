@@ -15,7 +15,7 @@ from utils.loop.checkpoints import load_weights
 from utils.loop.task import Task
 from utils.reader.config import DecodingConfig, WindowConfig
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
-from utils.reader.distillation import Teacher
+from utils.reader.distillation import Teacher, without_projection
 from utils.reader.groups import QuestionGroups
 from utils.reader.metrics import best_null_threshold, squad_metrics
 from utils.reader.shared_norm import shared_norm_loss
@@ -86,8 +86,10 @@ class ReaderTask(Task):
         with its distributions over the same tokens, each window its own (utils.reader.distillation); with a
         verifier, plus its loss over the windows (utils.reader.verifier: a window holds an answer where its start is
         not [CLS])."""
-        labels = (batch["start_positions"], batch["end_positions"])
         inputs = {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+        if self.teacher is not None and self.teacher.layer_pairs:  # the intermediate stage: layers, not answers
+            return self.teacher.intermediate_loss(model, inputs)
+        labels = (batch["start_positions"], batch["end_positions"])
         start, end, verifier = reader_logits(model, inputs)
         padding = batch["attention_mask"] == 0
         loss = sum(F.cross_entropy(logits.float().masked_fill(padding, -1e4), target)
@@ -157,7 +159,7 @@ class ReaderTask(Task):
         """Weights (fp32 master weights; safetensors, transformers 5), tokenizer and reader_settings.json: the
         windowing and the null threshold of the evaluation that chose these weights (tuned on dev for SQuAD v2,
         none, i.e. always answer, for v1.1), the one its predictions.json used."""
-        model.save_pretrained(directory, state_dict=state_dict)
+        model.save_pretrained(directory, state_dict=without_projection(state_dict))
         self.tokenizer.save_pretrained(directory)
         tuned_on = None if self.null_threshold is None else {
             "data": self.dev.name, "questions": len(self.dev.examples), "fingerprint": self.dev_fingerprint}
@@ -204,6 +206,8 @@ class GroupedReaderTask(ReaderTask):
         averaged per question (utils.reader.verifier: a window holds an answer where it has a target other than
         [CLS])."""
         inputs = {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+        if self.teacher is not None and self.teacher.layer_pairs:  # the intermediate stage: layers, not answers
+            return self.teacher.intermediate_loss(model, inputs, batch["group"])
         start, end, verifier = reader_logits(model, inputs)
         loss = shared_norm_loss(start, end, batch)
         if self.teacher is not None:

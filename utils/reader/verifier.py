@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from utils.errors import UserError
+from utils.numeric import question_mean
 
 HEAD = "answerability"
 # the weights tried for the verifier's score against the null score: 0, then doubling over the scales of both
@@ -65,11 +66,7 @@ def verifier_loss(scores: torch.Tensor, holds_answer: torch.Tensor, group: torch
     question's windows, then over the questions (`group`: each window's question, 0..B-1; None: each window its
     own)."""
     losses = F.binary_cross_entropy_with_logits(scores.float(), holds_answer.float(), reduction="none")
-    if group is None:
-        return losses.mean()
-    questions = int(group.max()) + 1
-    per_question = torch.zeros(questions, device=losses.device).index_add(0, group, losses)
-    return (per_question / torch.bincount(group, minlength=questions)).mean()
+    return question_mean(losses, group)
 
 
 def verifier_term(verifier: float | None, weight: float | None) -> float:
