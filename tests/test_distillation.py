@@ -45,6 +45,10 @@ def test_the_kl_is_the_teachers_over_the_students_per_question_or_per_window_com
     per_window = np.mean([kl(t[i][a[i]], s[i][a[i]], temperature) for i in range(3)])
     assert distillation_kl(student, teacher, allowed, temperature).item() == pytest.approx(per_window, rel=1e-5)
     assert distillation_kl(student, student, allowed, temperature).item() == 0.0
+    # at any temperature the masked positions stay out (masked after scaling, not before)
+    hot = 1e4
+    assert distillation_kl(student, teacher * hot, allowed, hot).item() == pytest.approx(
+        np.mean([kl(t[i][a[i]] * hot, s[i][a[i]], hot) for i in range(3)]), rel=1e-4)
 
 
 @pytest.fixture(scope="module")

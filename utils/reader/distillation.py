@@ -93,8 +93,8 @@ def distillation_kl(student: torch.Tensor, teacher: torch.Tensor, allowed: torch
     """KL(softmax(teacher / T) || softmax(student / T)) over the `allowed` positions (windows x positions), one
     distribution per question over all its windows (`group`: each window's question, 0..B-1), or (None) per window;
     the mean over the distributions."""
-    s = student.float().masked_fill(~allowed, NEG) / temperature
-    t = teacher.float().masked_fill(~allowed, NEG) / temperature
+    s = (student.float() / temperature).masked_fill(~allowed, NEG)  # masked after scaling: out at any T
+    t = (teacher.float() / temperature).masked_fill(~allowed, NEG)
     if group is None:
         rows = [(s, t)]
     else:
