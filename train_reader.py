@@ -49,7 +49,7 @@ from utils.files.squad import is_impossible
 from utils.loop.args import TrainArgs, arg, check_model_dir, packaged_minilm, parse_args, precision_as_trained
 from utils.loop.batching import pad_batch
 from utils.loop.optim import build_optimizer
-from utils.loop.process import setup
+from utils.loop.process import setup, shards_parameters
 from utils.loop.run import run
 from utils.reader.config import (DataConfig, DecodingConfig, DistillationConfig, EvaluationConfig, PassagesConfig,
                                  WindowConfig)
@@ -153,9 +153,9 @@ class ReaderArgs(TrainArgs):
         if self.dataset_name and (self.train_file or self.validation_file):
             raise UserError("give either --dataset_name or --train_file/--validation_file, not both")
         if not self.do_train:
-            if self.train_file or self.dataset_name or self.dev_split or self.verifier:
+            if self.train_file or self.dataset_name or self.dev_split or self.verifier or self.num_hidden_layers:
                 raise UserError("--do_train false only evaluates and predicts: drop --train_file/--dataset_name/"
-                                "--dev_split/--verifier (a reader trained with a verifier reads with it)")
+                                "--dev_split/--verifier/--num_hidden_layers (a trained reader reads as trained)")
             self.config(EvaluationConfig)
             if self.requested_precision is None:  # use the model as trained
                 self.mixed_precision = precision_as_trained(recorded.precision)
@@ -178,7 +178,8 @@ class ReaderArgs(TrainArgs):
         distillation = self.distillation_config()
         if distillation:
             check_teacher(self.teacher, self.model_name_or_path, window.max_seq_length, window.doc_stride,
-                          window.max_query_length, distillation.layer_pairs, self.num_hidden_layers)
+                          window.max_query_length, distillation.layer_pairs, self.num_hidden_layers,
+                          shared=self.passages_per_question > 1)
         super().validate()
 
     def distillation_config(self) -> DistillationConfig | None:
@@ -206,6 +207,10 @@ def main(argv=None):
     passage_config = args.config(PassagesConfig)  # what a training question reads besides its own paragraph
     loop = args.loop_config()  # what the shared loop takes (utils.loop.config)
     accelerator = setup(loop, training=args.do_train)
+    if (args.verifier or args.distil_layers) and shards_parameters(
+            accelerator.distributed_type, getattr(accelerator.state.deepspeed_plugin, "zero_stage", None)):
+        raise UserError("--verifier and --distil_layers add a head that runs outside the model's forward pass, which "
+                        "FSDP/ZeRO-3 sharded parameters do not allow: use DDP or ZeRO-2")
 
     # --- data ----------------------------------------------------------------------------------------
     tokenizer = load_tokenizer(args.model_name_or_path, window_config.max_seq_length)

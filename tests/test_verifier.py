@@ -5,6 +5,7 @@ tests/test_shared_norm.py."""
 
 import json
 import math
+import os
 import types
 
 import pytest
@@ -149,3 +150,36 @@ def test_the_verifier_is_refused_where_it_cannot_weigh_in(tiny_bert_dir, verifie
                                  "--validation_file", f"{SAMPLE}/dev.json", "--verifier", "true", "--output_dir",
                                  tmp_path / "eval", check=False), "--verifier")
     assert not (tmp_path / "eval").exists()
+
+
+def test_a_recorded_weight_takes_the_same_term_off_in_the_api_predict_and_evaluation_modes(verified_reader, tmp_path):
+    heavy = tmp_path / "heavy"  # the same reader with its verifier weighed at 2
+    heavy.mkdir()
+    for name in os.listdir(verified_reader):
+        if os.path.isfile(os.path.join(verified_reader, name)) and name != "reader_settings.json":
+            os.symlink(os.path.join(verified_reader, name), heavy / name)
+    settings = json.load(open(f"{verified_reader}/reader_settings.json"))
+    json.dump({**settings, "verifier_weight": 2.0}, open(heavy / "reader_settings.json", "w"))
+    examples = [{"id": q["id"], "question": q["question"], "context": p["context"]}
+                for a in json.load(open(f"{SAMPLE}/dev.json"))["data"] for p in a["paragraphs"] for q in p["qas"]]
+
+    decoded = Reader(str(heavy), device="cpu").spans(examples)
+    for d in decoded.values():
+        assert d["null_minus_best"] == pytest.approx(d["null_minus_best_alone"] - 2.0 * d["verifier"])
+    assert any(abs(d["verifier"]) > 1e-3 for d in decoded.values())  # the term is not 0 everywhere
+
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps(ex) + "\n" for ex in examples))
+    run_script("train_reader.py", "--model_name_or_path", heavy, "--do_train", "false", "--predict_file", questions,
+               "--output_dir", tmp_path / "pred")
+    nbest = json.load(open(tmp_path / "pred" / "nbest.json"))
+    for i, d in decoded.items():
+        assert nbest[i]["null_minus_best"] == pytest.approx(d["null_minus_best"], abs=1e-4)
+
+    run_script("train_reader.py", "--model_name_or_path", heavy, "--do_train", "false", "--validation_file",
+               f"{SAMPLE}/dev.json", "--output_dir", tmp_path / "eval")
+    metrics = json.load(open(tmp_path / "eval" / "eval_results.json"))["metrics"]
+    assert metrics["recorded_verifier_weight"] == 2.0
+    null_scores = json.load(open(tmp_path / "eval" / "null_scores.json"))
+    for i, d in decoded.items():
+        assert null_scores[i] == pytest.approx(d["null_minus_best"], abs=1e-4)

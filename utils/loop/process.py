@@ -94,10 +94,16 @@ def setup(config: LoopConfig, training: bool = True) -> Accelerator:
     return accelerator
 
 
+def shards_parameters(distributed_type, zero_stage) -> bool:
+    """Whether a layout keeps only a shard of each parameter on a process outside the model's forward pass (FSDP's
+    flat parameters, ZeRO-3's empty placeholders)."""
+    return distributed_type == DistributedType.FSDP or (distributed_type == DistributedType.DEEPSPEED
+                                                        and zero_stage == 3)
+
+
 def check_layout(eval_steps: int | None, distributed_type, zero_stage) -> None:
     """Refuse what a hardware layout would break only at the end of a run, after the training time is spent."""
-    if eval_steps and (distributed_type == DistributedType.FSDP
-                            or (distributed_type == DistributedType.DEEPSPEED and zero_stage == 3)):
+    if eval_steps and shards_parameters(distributed_type, zero_stage):
         # Parameters are sharded (FSDP's flat parameters, ZeRO-3's empty placeholders): the best model's full
         # weights cannot be loaded back into the unwrapped model, so the run would fail before publishing.
         raise UserError("--eval_steps keeps the best model, which cannot be restored into FSDP/ZeRO-3 sharded "

@@ -83,7 +83,7 @@ def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits
         stats = {"null_start": logsumexp(cls_s), "null_end": logsumexp(cls_e), "lse_start": logsumexp(all_s),
                  "lse_end": logsumexp(all_e)}
         if verifier_logits is not None:
-            stats["verifier"] = max(float(verifier_logits[f]) for f in windows[ex_id])
+            stats["verifier"] = max((float(verifier_logits[f]) for f in windows[ex_id]), default=None)
         if shared:
             null_score = stats["null_start"] + stats["null_end"]
         results[ex_id] = {"text": top["text"], "score": top["score"], "null_score": null_score,

@@ -50,11 +50,13 @@ PROBE = "Ångström's 1843 loom, at 50°C (İstanbul): non-déjà-vu élan — �
 
 
 def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_stride: int, max_query_length: int,
-                  layer_pairs: tuple = (), student_layers: int | None = None):
+                  layer_pairs: tuple = (), student_layers: int | None = None, shared: bool = False):
     """A teacher the student can learn from: a trained reader whose tokenizer and recorded windows are the
-    student's (`student_model`'s tokenizer, the windows the run cuts) and, for the intermediate stage, that has the
-    layers `layer_pairs` name (the student's: `student_layers`, None: all of `student_model`'s). A one-line
-    UserError otherwise."""
+    student's (`student_model`'s tokenizer, the windows the run cuts), trained with shared normalization if the
+    student is (`shared`: a window-level teacher's logits mean nothing across windows; the prediction layer's
+    concern, not the intermediate stage's) and, for the intermediate
+    stage, that has the layers `layer_pairs` name (the student's: `student_layers`, None: all of `student_model`'s).
+    A one-line UserError otherwise."""
     check_reader_dir(teacher)
     if layer_pairs:
         have = (student_layers or AutoConfig.from_pretrained(student_model).num_hidden_layers,
@@ -68,6 +70,10 @@ def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_str
         raise UserError(f"--teacher {teacher}: its tokenizer is not the student's ({student_model}): the positions it "
                         "teaches would be other tokens; give a teacher trained from the same tokenizer")
     recorded = ReaderSettings.load(teacher) or ReaderSettings()
+    if shared and not recorded.shared and not layer_pairs:
+        raise UserError(f"--teacher {teacher}: it was trained a window at a time, so its scores do not compare across "
+                        "the windows a question reads; a student under --passages_per_question learns one distribution "
+                        "per question: give a teacher trained with --passages_per_question")
     want = (max_seq_length, doc_stride, max_query_length)
     have = (recorded.max_seq_length, recorded.doc_stride, recorded.max_query_length)
     if have != want:
@@ -117,6 +123,7 @@ class Teacher:
         self.accelerator, self.config, self.layer_pairs = accelerator, config, config.layer_pairs
         self.model = load_qa_model(config.teacher, verifier=False).to(accelerator.device).eval().requires_grad_(False)
         self.attention = False  # the intermediate stage matches attention too (`attach`)
+        self.weights_sha256 = weights_hash(config.teacher)  # once: recorded with every save
 
     def attach(self, student) -> None:
         """For the intermediate stage, before the optimizer is built: a projection of the student's hidden states to
@@ -138,7 +145,7 @@ class Teacher:
     def record(self) -> dict:
         """What reader_settings.json says of the teacher."""
         c = self.config
-        return {"model": c.teacher, "weights_sha256": weights_hash(c.teacher), "weight": c.distillation_weight,
+        return {"model": c.teacher, "weights_sha256": self.weights_sha256, "weight": c.distillation_weight,
                 "temperature": c.distillation_temperature, "distil_layers": c.distil_layers}
 
     def intermediate_loss(self, model, inputs: dict, group: torch.Tensor | None = None) -> torch.Tensor:

@@ -100,7 +100,8 @@ class ReaderTask(Task):
 
     def spans(self, model, eval_set: EvalSet) -> dict:
         """The same decoding as utils.reader.Reader.spans, with the windows' logits gathered across processes: padded to
-        a common width, without the duplicates that even batching adds."""
+        a common width, without the duplicates that even batching adds. A verifier's term is not applied (its weight is
+        tuned or recorded by the caller: utils.reader.verifier.with_verifier)."""
         acc = self.accelerator
         gather = lambda t: acc.gather_for_metrics(acc.pad_across_processes(t, dim=1, pad_index=-1e4))  # noqa: E731
         starts, ends, verifiers = span_logits(model, eval_set.loader, gather)
@@ -143,7 +144,7 @@ class ReaderTask(Task):
             at = with_verifier(decoded, weight)
             f1, threshold = best_null_threshold(refs, {i: d["text"] for i, d in at.items()},
                                                 {i: d["null_minus_best"] for i, d in at.items()})
-            if best is None or f1 > best[0]:
+            if best is None or f1 > best[0] + 1e-9:  # F1s summed in another order may differ in the last bit
                 best = (f1, weight, threshold)
         return best[1], best[2]
 

@@ -68,7 +68,8 @@ class ReaderSettings:
     # A reader trained with a verifier (utils.reader.verifier; its head is in model.safetensors): the weight of its
     # score against the null score, tuned on dev with the threshold. None: no verifier.
     verifier_weight: float | None = None
-    # A reader taught by a teacher (utils.reader.distillation): {"model", "weights_sha256", "weight", "temperature"}.
+    # A reader taught by a teacher (utils.reader.distillation): {"model", "weights_sha256", "weight", "temperature",
+    # "distil_layers"}.
     teacher: dict | None = None
 
     @property
@@ -149,10 +150,9 @@ def load_qa_model(path: str, trained: bool = True, verifier: bool | None = None,
     if os.path.isfile(weights_file):
         with safe_open(weights_file, "pt") as f:
             old_head = sorted(k for k in f.keys() if k.startswith(OLD_SELECTION_HEAD + "."))
-            if verifier is not False:
-                head = {k[len(HEAD) + 1:]: f.get_tensor(k) for k in f.keys() if k.startswith(HEAD + ".")}
+            head = {k[len(HEAD) + 1:]: f.get_tensor(k) for k in f.keys() if k.startswith(HEAD + ".")}
     verbosity = transformers.utils.logging.get_verbosity()
-    if not trained or old_head or head:
+    if not trained or old_head or head:  # transformers would report the heads it does not know
         transformers.utils.logging.set_verbosity_error()
     try:
         layers = {} if num_hidden_layers is None else {"num_hidden_layers": num_hidden_layers}
@@ -171,7 +171,7 @@ def load_qa_model(path: str, trained: bool = True, verifier: bool | None = None,
     if old_head:
         logger.warning("%s: ignoring %s: a passage-selection head saved by an older version, which this version does "
                        "not use (the spans it reads are the same without it)", path, ", ".join(old_head))
-    if head or verifier:
+    if verifier is not False and (head or verifier):
         new = attach_verifier(model)
         if head:
             new.load_state_dict(head)

@@ -15,9 +15,10 @@ answer, are all negatives): averaged over a question's windows, then over the ba
 shared-normalization loss is (a window-level reader: over its windows). It is added to the span loss at weight 1, as
 Retro-Reader adds its answerability loss.
 
-Read, a question's verifier score is the highest of its windows' logits, over every passage read (the answer needs
-to be in one window), and what the no-answer threshold compares becomes null_minus_best - w x that score, so a
-window the verifier believes lowers the case for abstaining. `w` is tuned on dev with the threshold, from
+Read, a passage's verifier score is the highest of its windows' logits (the answer needs to be in one window), and
+what the no-answer threshold compares becomes null_minus_best - w x that score, so a window the verifier believes
+lowers the case for abstaining. Over several passages (utils.system.answer) the shared rule takes off the highest
+passage's term from the question's log ratio, the window rule each passage's from its own before taking the least. `w` is tuned on dev with the threshold, from
 VERIFIER_WEIGHTS (0: the null score alone), and recorded in reader_settings.json (`verifier_weight`).
 """
 
