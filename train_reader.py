@@ -120,10 +120,6 @@ class ReaderArgs(TrainArgs):
                                         "no-answer decision per question. 1: one paragraph at a time.")
     passages: Optional[str] = arg(None, "The corpus the negative or retrieved passages come from (JSON lines of "
                                         "title/text/passage_id).")
-    verifier: bool = arg(False, "Train an answerability verifier beside the span loss: a head on each window's [CLS] "
-                                "that judges whether the window holds the answer, weighed against the null score "
-                                "when deciding to abstain (its weight tuned on dev with the null threshold and "
-                                "recorded in reader_settings.json; utils/reader/verifier.py). SQuAD v2 data only.")
     teacher: Optional[str] = arg(None, "Distil from this trained reader (same tokenizer and windows): the loss mixes "
                                        "in its start and end distributions over the same windows, as the student is "
                                        "trained (per question under --passages_per_question; "
@@ -153,9 +149,9 @@ class ReaderArgs(TrainArgs):
         if self.dataset_name and (self.train_file or self.validation_file):
             raise UserError("give either --dataset_name or --train_file/--validation_file, not both")
         if not self.do_train:
-            if self.train_file or self.dataset_name or self.dev_split or self.verifier or self.num_hidden_layers:
+            if self.train_file or self.dataset_name or self.dev_split or self.num_hidden_layers:
                 raise UserError("--do_train false only evaluates and predicts: drop --train_file/--dataset_name/"
-                                "--dev_split/--verifier/--num_hidden_layers (a trained reader reads as trained)")
+                                "--dev_split/--num_hidden_layers (a trained reader reads as trained)")
             self.config(EvaluationConfig)
             if self.requested_precision is None:  # use the model as trained
                 self.mixed_precision = precision_as_trained(recorded.precision)
@@ -190,9 +186,9 @@ class ReaderArgs(TrainArgs):
             return None
         if not self.do_train:
             raise UserError("--teacher teaches a training run: drop it with --do_train false")
-        if self.distil_layers and (self.verifier or self.eval_steps):
-            raise UserError("--distil_layers trains the student's layers, not its answers: drop --verifier and "
-                            "--eval_steps (its dev scores would choose nothing)")
+        if self.distil_layers and self.eval_steps:
+            raise UserError("--distil_layers trains the student's layers, not its answers: drop --eval_steps (its dev "
+                            "scores would choose nothing)")
         given = {k: v for k, v in (("distillation_weight", self.distillation_weight),
                                    ("distillation_temperature", self.distillation_temperature)) if v is not None}
         return DistillationConfig(self.teacher, **given, distil_layers=self.distil_layers)
@@ -207,9 +203,9 @@ def main(argv=None):
     passage_config = args.config(PassagesConfig)  # what a training question reads besides its own paragraph
     loop = args.loop_config()  # what the shared loop takes (utils.loop.config)
     accelerator = setup(loop, training=args.do_train)
-    if (args.verifier or args.distil_layers) and shards_parameters(
+    if args.distil_layers and shards_parameters(
             accelerator.distributed_type, getattr(accelerator.state.deepspeed_plugin, "zero_stage", None)):
-        raise UserError("--verifier and --distil_layers add a head that runs outside the model's forward pass, which "
+        raise UserError("--distil_layers adds a projection that runs outside the model's forward pass, which "
                         "FSDP/ZeRO-3 sharded parameters do not allow: use DDP or ZeRO-2")
 
     # --- data ----------------------------------------------------------------------------------------
@@ -222,8 +218,6 @@ def main(argv=None):
     data_config = args.config(DataConfig)
     train_examples, dev_examples = load_train_and_dev(data_config)
     with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)  # SQuAD v2: tune a threshold
-    if args.verifier and not with_no_answer:
-        raise UserError("--verifier weighs in on abstaining: it needs SQuAD v2 data (no question here is unanswerable)")
     train = training_batches(accelerator, tokenizer, train_examples, window_config, passage_config, collate,
                              batch_size=args.per_device_train_batch_size, group_by_length=args.group_by_length,
                              seed=args.seed)
@@ -234,8 +228,7 @@ def main(argv=None):
                 "v2 (with unanswerable questions)" if with_no_answer else "v1.1")
 
     # --- model ---------------------------------------------------------------------------------------
-    model = load_qa_model(args.model_name_or_path, trained=False, verifier=args.verifier,
-                          num_hidden_layers=args.num_hidden_layers)
+    model = load_qa_model(args.model_name_or_path, trained=False, num_hidden_layers=args.num_hidden_layers)
     distillation = args.distillation_config()
     teacher = None if distillation is None else Teacher(accelerator, distillation)  # never in the optimizer
     if teacher:

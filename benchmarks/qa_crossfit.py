@@ -62,8 +62,7 @@ def readings_of(path: str) -> tuple[dict, bool]:
                 null = math.inf if p["null_score"] is None else p["null_score"]
                 readings.append({"passage_id": p["passage_id"], "retrieval_score": p["score"], "text": p["span"],
                                  "score": span, "null_score": null,
-                                 "null_minus_best": null - span - (p.get("verifier_term") or 0.0) if p["span"]
-                                 else math.inf,
+                                 "null_minus_best": null - span if p["span"] else math.inf,
                                  **{k: p.get(k) for k in READING_STATS}})
             out[row["id"]], shared = readings, row.get("rule") == "question"
     return out, shared

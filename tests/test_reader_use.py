@@ -62,24 +62,28 @@ def test_python_api_answers_as_the_run_did(trained):
                                                                                     reverse=True)
 
 
-def test_an_older_versions_passage_selection_head_is_ignored_and_the_reader_answers_as_without_it(trained, tmp_path,
-                                                                                                  caplog):
-    """An older version could train a passage-selection head (passage_selection.* in model.safetensors,
-    "passage_selection": true in reader_settings.json). Such a reader still loads, in the API and on the command
-    line: the head's weights are ignored, said in one log line, and it answers as it did."""
+@pytest.mark.parametrize("head, described, setting", [
+    ("passage_selection", "a passage-selection head", {"passage_selection": True}),
+    ("answerability", "an answerability verifier", {"verifier_weight": 0.0}),
+])
+def test_an_older_versions_head_is_ignored_and_the_reader_answers_as_without_it(trained, tmp_path, caplog, head,
+                                                                                 described, setting):
+    """An older version could train a passage-selection head or an answerability verifier (`head`.* in
+    model.safetensors, and its setting in reader_settings.json). Such a reader still loads, in the API and on the
+    command line: the head's weights are ignored, said in one log line, and it answers as it did."""
     old = str(tmp_path / "old")
     shutil.copytree(trained, old)
     weights = load_file(f"{old}/model.safetensors")
     hidden = next(w for k, w in weights.items() if k.startswith("qa_outputs.") and k.endswith(".weight")).shape[1]
-    save_file({**weights, "passage_selection.weight": torch.randn(1, hidden), "passage_selection.bias": torch.zeros(1)},
+    save_file({**weights, f"{head}.weight": torch.randn(1, hidden), f"{head}.bias": torch.zeros(1)},
               f"{old}/model.safetensors", metadata={"format": "pt"})
     settings = json.load(open(f"{old}/reader_settings.json"))
-    json.dump({**settings, "passage_selection": True}, open(f"{old}/reader_settings.json", "w"))
-    said = ("ignoring passage_selection.bias, passage_selection.weight: a passage-selection head saved by an older "
-            "version, which this version does not use (the spans it reads are the same without it)")
+    json.dump({**settings, **setting}, open(f"{old}/reader_settings.json", "w"))
+    said = (f"ignoring {head}.bias, {head}.weight: {described} saved by an older version, which this version does not "
+            "use (the spans it reads are the same without it)")
     with caplog.at_level(logging.INFO, logger="qa-amp"):
         reader = Reader(old, device="cpu")
-    assert [r.getMessage() for r in caplog.records if "passage_selection" in r.getMessage()] == [f"{old}: {said}"]
+    assert [r.getMessage() for r in caplog.records if head in r.getMessage()] == [f"{old}: {said}"]
     assert ReaderSettings.load(old) == ReaderSettings.load(trained)
     pairs = [(ex["question"], ex["context"]) for ex in dev_examples()]
     assert reader.answer(pairs) == Reader(trained, device="cpu").answer(pairs)
@@ -87,8 +91,23 @@ def test_an_older_versions_passage_selection_head_is_ignored_and_the_reader_answ
     proc = run_script("train_reader.py", "--model_name_or_path", old, "--validation_file", f"{SAMPLE}/dev.json",
                       "--do_train", "false", "--output_dir", out)
     logged = proc.stdout + proc.stderr
-    assert logged.count(said) == 1 and "passage_selection" not in logged.replace(said, "")  # transformers says nothing
+    assert logged.count(said) == 1 and head not in logged.replace(said, "")  # transformers says nothing
     assert json.load(open(f"{out}/predictions.json")) == json.load(open(f"{trained}/predictions.json"))
+
+
+def test_an_older_verifiers_weight_is_said_to_change_the_no_answer_decision(trained, tmp_path, caplog):
+    """A reader an older version trained with a verifier weighed at w != 0 had its null threshold tuned with the
+    verifier's term: without the term it abstains otherwise, which loading says in one line (w = 0 says nothing,
+    above)."""
+    old = str(tmp_path / "old")
+    shutil.copytree(trained, old)
+    settings = json.load(open(f"{old}/reader_settings.json"))
+    json.dump({**settings, "verifier_weight": 2.0}, open(f"{old}/reader_settings.json", "w"))
+    with caplog.at_level(logging.INFO, logger="qa-amp"):
+        assert ReaderSettings.load(old) == ReaderSettings.load(trained)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{old}: its null threshold was tuned with an answerability verifier's term (weight 2), which this version "
+        "does not take: it abstains otherwise than the run that tuned it"]
 
 
 @pytest.mark.parametrize("layout", ["squad_without_answers", "jsonl"])

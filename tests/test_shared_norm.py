@@ -177,13 +177,11 @@ def grouped_args(model, out, per_device, *extra):
 
 def test_a_grouped_run_records_its_rule_and_resumes_to_the_same_weights(tiny_bert_dir, tmp_path):
     ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
-    # killed after update 2: the resumed run redraws nothing it already drew, and groups by the same lengths; with a
-    # verifier (utils.reader.verifier), whose head resumes with the rest
-    args = ["--checkpointing_steps", 2, "--group_by_length", "true", "--verifier", "true"]
+    # killed after update 2: the resumed run redraws nothing it already drew, and groups by the same lengths
+    args = ["--checkpointing_steps", 2, "--group_by_length", "true"]
     run_script("train_reader.py", *grouped_args(tiny_bert_dir, ref, 4, *args))
     settings = json.load(open(os.path.join(ref, "reader_settings.json")))
     assert (settings["normalization"], settings["passages_per_question"]) == ("question", 3)
-    assert settings["verifier_weight"] is not None
     results = json.load(open(os.path.join(ref, "eval_results.json")))
     assert "train_questions_per_second" in results
     run_killed_at_checkpoint("train_reader.py", grouped_args(tiny_bert_dir, killed, 4, *args), killed, step=2)
@@ -191,14 +189,12 @@ def test_a_grouped_run_records_its_rule_and_resumes_to_the_same_weights(tiny_ber
     assert_same_weights(os.path.join(ref, "model.safetensors"), os.path.join(killed, "model.safetensors"))
 
 
-@pytest.mark.parametrize("extra", [[], ["--verifier", "true"]], ids=["alone", "verifier"])
-def test_two_processes_train_a_grouped_reader_as_one(tiny_bert_no_dropout_dir, tmp_path, extra):
+def test_two_processes_train_a_grouped_reader_as_one(tiny_bert_no_dropout_dir, tmp_path):
     from test_distributed import READER_INVARIANT, TOL, assert_weights_close, log, run_ddp
 
     single, ddp = str(tmp_path / "single"), str(tmp_path / "ddp")
-    run_script("train_reader.py", *grouped_args(tiny_bert_no_dropout_dir, single, 4, *extra),
-               env={"OMP_NUM_THREADS": "1"})
-    proc = run_ddp("train_reader.py", *grouped_args(tiny_bert_no_dropout_dir, ddp, 2, *extra))
+    run_script("train_reader.py", *grouped_args(tiny_bert_no_dropout_dir, single, 4), env={"OMP_NUM_THREADS": "1"})
+    proc = run_ddp("train_reader.py", *grouped_args(tiny_bert_no_dropout_dir, ddp, 2))
     assert "= 4 per update" in proc.stdout
     torch.testing.assert_close([r["loss"] for r in log(ddp)], [r["loss"] for r in log(single)], **TOL)
     assert_weights_close(f"{single}/model.safetensors", f"{ddp}/model.safetensors", READER_INVARIANT)

@@ -1,6 +1,6 @@
 """Numeric helpers with one definition for the whole project: the log-sum-exp that the reader's decoding
 (utils.reader.decoding) and the QA system's answer rule (utils.system.answer) both take over logits and scores, and
-the mean per question that the reader's per-window losses take (utils.reader.verifier, utils.reader.distillation)."""
+the mean per question that the reader's per-window losses take (utils.reader.distillation)."""
 
 import math
 

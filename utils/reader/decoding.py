@@ -18,8 +18,7 @@ probability up to the same normalisers, so `null_minus_best` is the log ratio of
 best span's. (Scoring a span by its best window alone would tilt a passage longer than a window towards abstaining
 by up to twice the log of its number of windows.) Every example also carries what combining passages
 needs: `null_start`/`null_end` (those log-sum-exps) and `lse_start`/`lse_end` (the log-sum-exp over every position
-a start or end may take: context tokens and [CLS]), and, from a reader with a verifier (utils.reader.verifier),
-`verifier`: the highest of its windows' verifier logits.
+a start or end may take: context tokens and [CLS]).
 """
 
 from collections import defaultdict
@@ -28,13 +27,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from utils.numeric import logsumexp
-from utils.reader.verifier import reader_logits
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits, end_logits,
-                 n_best_size=20, max_answer_length=30, contexts=None, shared: bool = False, verifier_logits=None):
+                 n_best_size=20, max_answer_length=30, contexts=None, shared: bool = False):
     """Return {example_id: {"text", "score", "null_score", "null_minus_best", "nbest"}} for every example id.
 
     windows_* are aligned with the rows of start_logits/end_logits (float arrays, one row per window,
@@ -42,8 +40,7 @@ def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits
     `n_best_size` best distinct spans over all windows, best first, as {"text", "score", "start", "end"}
     (character offsets into the context); "text"/"score" are its first entry. `shared`: the span and null scores of
     a reader trained with shared normalization (see the module docstring; the candidates are still the spans paired
-    from each window's n best starts and ends). `verifier_logits`: one verifier logit per window
-    (utils.reader.verifier), giving each example its "verifier".
+    from each window's n best starts and ends).
     """
     windows = defaultdict(list)
     for f, ex_id in enumerate(windows_example_ids):
@@ -82,8 +79,6 @@ def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits
         top = nbest[0] if nbest else {"text": "", "score": -np.inf}
         stats = {"null_start": logsumexp(cls_s), "null_end": logsumexp(cls_e), "lse_start": logsumexp(all_s),
                  "lse_end": logsumexp(all_e)}
-        if verifier_logits is not None:
-            stats["verifier"] = max((float(verifier_logits[f]) for f in windows[ex_id]), default=None)
         if shared:
             null_score = stats["null_start"] + stats["null_end"]
         results[ex_id] = {"text": top["text"], "score": top["score"], "null_score": null_score,
@@ -120,28 +115,22 @@ def apply_null_threshold(decoded: dict, threshold: float | None) -> dict:
     return {i: ("" if d["null_minus_best"] > threshold else d["text"]) for i, d in decoded.items()}
 
 
-def span_logits(model, loader, gather=None, progress: str | None = None) -> tuple[list, list, list | None]:
+def span_logits(model, loader, gather=None, progress: str | None = None) -> tuple[list, list]:
     """fp32 start and end logits of every window (numpy rows in loader order), whatever precision the forward ran
-    in, and its verifier logit (None for a model without the head: utils.reader.verifier). `gather` collects them
-    across processes (evaluation under DDP); `progress` names a progress bar."""
-    starts, ends, verifiers = [], [], []
+    in. `gather` collects them across processes (evaluation under DDP); `progress` names a progress bar."""
+    starts, ends = [], []
     for batch in tqdm(loader, desc=progress, unit="batch", disable=progress is None, dynamic_ncols=True):
-        start, end, verifier = reader_logits(model, {k: v for k, v in batch.items() if k in MODEL_INPUTS})
-        outputs = [(start, starts), (end, ends)]
-        if verifier is not None:
-            outputs.append((verifier[:, None], verifiers))  # a column, gathered and padded as the logits are
-        for logits, sink in outputs:
+        out = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
+        for logits, sink in ((out.start_logits, starts), (out.end_logits, ends)):
             logits = logits.float()
             sink.extend((gather(logits) if gather else logits).cpu().numpy())
-    return starts, ends, [float(x[0]) for x in verifiers] if verifiers else None
+    return starts, ends
 
 
-def decode_examples(examples: list[dict], windows, starts, ends, decoding, shared: bool = False,
-                    verifiers=None) -> dict:
+def decode_examples(examples: list[dict], windows, starts, ends, decoding, shared: bool = False) -> dict:
     """{example id: best span, its score, the null score, the n best spans} (see decode_spans). `windows`: the
     examples' windows with their example_id and offset_mapping; `decoding`: its n_best_size and max_answer_length
-    (utils.reader.config.DecodingConfig, or the ReaderSettings a trained reader recorded them in); `verifiers`: the
-    windows' verifier logits, if the reader has one."""
+    (utils.reader.config.DecodingConfig, or the ReaderSettings a trained reader recorded them in)."""
     return decode_spans([ex["id"] for ex in examples], windows["example_id"], windows["offset_mapping"],
                         starts, ends, decoding.n_best_size, decoding.max_answer_length,
-                        {ex["id"]: ex["context"] for ex in examples}, shared, verifiers)
+                        {ex["id"]: ex["context"] for ex in examples}, shared)

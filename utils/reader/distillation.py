@@ -121,7 +121,7 @@ class Teacher:
 
     def __init__(self, accelerator, config: DistillationConfig):
         self.accelerator, self.config, self.layer_pairs = accelerator, config, config.layer_pairs
-        self.model = load_qa_model(config.teacher, verifier=False).to(accelerator.device).eval().requires_grad_(False)
+        self.model = load_qa_model(config.teacher).to(accelerator.device).eval().requires_grad_(False)
         self.attention = False  # the intermediate stage matches attention too (`attach`)
         self.weights_sha256 = weights_hash(config.teacher)  # once: recorded with every save
 

@@ -16,7 +16,6 @@ from utils.reader.config import DecodingConfig, EvaluationConfig, WindowConfig
 from utils.reader.decoding import apply_null_threshold
 from utils.reader.reader_task import ReaderTask, prepare_eval_set
 from utils.reader.trained import ReaderSettings, fingerprint, load_qa_model
-from utils.reader.verifier import with_verifier
 
 
 def recorded_threshold_label(recorded: ReaderSettings | None, examples: list[dict]) -> str:
@@ -28,8 +27,7 @@ def recorded_threshold_label(recorded: ReaderSettings | None, examples: list[dic
     tuned = recorded.null_threshold_tuned_on or {}
     source = ("tuned on this very file: an upper bound" if tuned.get("fingerprint") == fingerprint(examples)
               else f"tuned on {tuned['data']}, {tuned['questions']} questions" if tuned else "recorded")
-    weight = "" if recorded.verifier_weight is None else f", verifier weight {recorded.verifier_weight:g}"
-    return f"at the model's recorded null threshold ({recorded.null_threshold:.3f}{weight}, {source})"
+    return f"at the model's recorded null threshold ({recorded.null_threshold:.3f}, {source})"
 
 
 def evaluate_reader(accelerator, tokenizer, collate, eval_config: EvaluationConfig, window_config: WindowConfig,
@@ -66,9 +64,7 @@ def _evaluate_or_predict(accelerator, tokenizer, collate, eval_config, window_co
                      f"  {label}: EM {m['recorded_exact']:.2f} F1 {m['recorded_f1']:.2f} (predictions.json)",
                      f"  at threshold 0: EM {m['exact']:.2f} F1 {m['f1']:.2f} (HasAns F1 {m['HasAns_f1']:.2f}, NoAns "
                      f"{m['NoAns_f1']:.2f})",
-                     f"  at the threshold tuned on this file ({m['null_threshold']:.3f}"
-                     + (f", verifier weight {m['verifier_weight']:g}" if "verifier_weight" in m else "")
-                     + f", an upper bound): EM "
+                     f"  at the threshold tuned on this file ({m['null_threshold']:.3f}, an upper bound): EM "
                      f"{m['tuned_exact']:.2f} F1 {m['tuned_f1']:.2f}"]
             note = (f"recorded_*: predictions.json, {label}; exact/f1/HasAns/NoAns: threshold 0; tuned_*: the "
                     "threshold tuned on this file, an upper bound")
@@ -90,7 +86,7 @@ def _evaluate_or_predict(accelerator, tokenizer, collate, eval_config, window_co
                                     collate, name=c.predict_file)
         task = ReaderTask(accelerator, tokenizer, eval_set, False, window_config, decoding_config, recorded)
         with torch.no_grad():
-            decoded = with_verifier(task.spans(model, eval_set), recorded.verifier_weight if recorded else None)
+            decoded = task.spans(model, eval_set)
         seconds = time.perf_counter() - start
         predictions = apply_null_threshold(decoded, threshold)
         write_json(accelerator, os.path.join(out, "predictions.json"), predictions)

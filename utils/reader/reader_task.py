@@ -20,7 +20,6 @@ from utils.reader.groups import QuestionGroups
 from utils.reader.metrics import best_null_threshold, squad_metrics
 from utils.reader.shared_norm import shared_norm_loss
 from utils.reader.trained import ReaderSettings, fingerprint
-from utils.reader.verifier import VERIFIER_WEIGHTS, reader_logits, verifier_loss, with_verifier
 from utils.reader.windows_cache import tokenize_windows
 
 
@@ -63,7 +62,6 @@ class ReaderTask(Task):
         self.window_config, self.decoding_config = window_config, decoding_config
         self.dev, self.with_no_answer, self.recorded = dev, with_no_answer, recorded
         self.null_threshold = None  # of the latest evaluation: what the weights saved next answer with
-        self.verifier_weight = None  # likewise, where the reader has a verifier (utils.reader.verifier)
         self.dev_fingerprint = fingerprint(dev.examples)
         # the no-answer rule: a reader trained with shared normalization (or being evaluated as one) has one per
         # question, over all its windows (utils.reader.decoding)
@@ -83,30 +81,27 @@ class ReaderTask(Task):
     def compute_loss(self, model, batch):
         """Mean of the start and end cross-entropies over real tokens only (transformers' own QA loss also
         spreads probability over padding, so it would change with each batch's padded width); with a teacher, mixed
-        with its distributions over the same tokens, each window its own (utils.reader.distillation); with a
-        verifier, plus its loss over the windows (utils.reader.verifier: a window holds an answer where its start is
-        not [CLS])."""
+        with its distributions over the same tokens, each window its own (utils.reader.distillation)."""
         inputs = {k: v for k, v in batch.items() if k in MODEL_INPUTS}
         if self.teacher is not None and self.teacher.layer_pairs:  # the intermediate stage: layers, not answers
             return self.teacher.intermediate_loss(model, inputs)
         labels = (batch["start_positions"], batch["end_positions"])
-        start, end, verifier = reader_logits(model, inputs)
+        out = model(**inputs)
         padding = batch["attention_mask"] == 0
         loss = sum(F.cross_entropy(logits.float().masked_fill(padding, -1e4), target)
-                   for logits, target in zip((start, end), labels)) / 2
+                   for logits, target in zip((out.start_logits, out.end_logits), labels)) / 2
         if self.teacher is not None:
-            loss = self.teacher.mixed(loss, start, end, inputs, allowed=~padding)
-        return loss if verifier is None else loss + verifier_loss(verifier, batch["start_positions"] > 0)
+            loss = self.teacher.mixed(loss, out.start_logits, out.end_logits, inputs, allowed=~padding)
+        return loss
 
     def spans(self, model, eval_set: EvalSet) -> dict:
         """The same decoding as utils.reader.Reader.spans, with the windows' logits gathered across processes: padded to
-        a common width, without the duplicates that even batching adds. A verifier's term is not applied (its weight is
-        tuned or recorded by the caller: utils.reader.verifier.with_verifier)."""
+        a common width, without the duplicates that even batching adds."""
         acc = self.accelerator
         gather = lambda t: acc.gather_for_metrics(acc.pad_across_processes(t, dim=1, pad_index=-1e4))  # noqa: E731
-        starts, ends, verifiers = span_logits(model, eval_set.loader, gather)
+        starts, ends = span_logits(model, eval_set.loader, gather)
         return decode_examples(eval_set.examples, eval_set.windows, starts, ends, self.decoding_config,
-                               shared=self.shared, verifiers=verifiers)
+                               shared=self.shared)
 
     def evaluate(self, model) -> dict:
         decoded = self.spans(model, self.dev)
@@ -114,46 +109,25 @@ class ReaderTask(Task):
         if not self.with_no_answer:  # SQuAD v1.1: every question has an answer, no threshold
             predictions = apply_null_threshold(decoded, None)
             metrics = squad_metrics(refs, predictions)
-        else:  # threshold 0 on the null score alone; tuned: the threshold, and a verifier's weight with it
+        else:
             metrics = squad_metrics(refs, apply_null_threshold(decoded, 0.0))
-            weight, threshold = self.tune(refs, decoded)
-            decoded = with_verifier(decoded, weight)
+            _, threshold = best_null_threshold(refs, {i: d["text"] for i, d in decoded.items()},
+                                               {i: d["null_minus_best"] for i, d in decoded.items()})
             predictions = apply_null_threshold(decoded, threshold)
             metrics.update({f"tuned_{k}": v for k, v in squad_metrics(refs, predictions).items() if "total" not in k})
             metrics["null_threshold"] = threshold
-            if weight is not None:
-                metrics["verifier_weight"] = weight
         if self.recorded is not None:
-            decoded = with_verifier(decoded, self.recorded.verifier_weight)
             predictions = apply_null_threshold(decoded, self.recorded.null_threshold)
             metrics.update({f"recorded_{k}": v for k, v in squad_metrics(refs, predictions).items() if "total" not in k})
             metrics["recorded_null_threshold"] = self.recorded.null_threshold
-            if self.recorded.verifier_weight is not None:
-                metrics["recorded_verifier_weight"] = self.recorded.verifier_weight
-        self.null_threshold, self.verifier_weight = metrics.get("null_threshold"), metrics.get("verifier_weight")
+        self.null_threshold = metrics.get("null_threshold")
         return {"metrics": metrics, "predictions": predictions, "decoded": decoded}
-
-    @staticmethod
-    def tune(refs: dict, decoded: dict) -> tuple[float | None, float]:
-        """(verifier weight, null threshold) with the best F1 on these questions: each weight of VERIFIER_WEIGHTS
-        with its own best threshold, the smaller weight on equal F1 (utils.reader.verifier); a reader without a
-        verifier: (None, its best threshold)."""
-        has_verifier = any(d.get("verifier") is not None for d in decoded.values())
-        best = None
-        for weight in VERIFIER_WEIGHTS if has_verifier else (None,):
-            at = with_verifier(decoded, weight)
-            f1, threshold = best_null_threshold(refs, {i: d["text"] for i, d in at.items()},
-                                                {i: d["null_minus_best"] for i, d in at.items()})
-            if best is None or f1 > best[0] + 1e-9:  # F1s summed in another order may differ in the last bit
-                best = (f1, weight, threshold)
-        return best[1], best[2]
 
     def headline(self, m: dict) -> str:
         line = f"EM {m['exact']:.2f} F1 {m['f1']:.2f}"
         if "HasAns_f1" in m and "NoAns_f1" in m:
-            weight = f", verifier weight {m['verifier_weight']:g}" if "verifier_weight" in m else ""
             line += (f" (HasAns F1 {m['HasAns_f1']:.2f}, NoAns {m['NoAns_f1']:.2f}); at the dev-tuned null threshold "
-                     f"{m['null_threshold']:.3f}{weight}: EM {m['tuned_exact']:.2f} F1 {m['tuned_f1']:.2f}")
+                     f"{m['null_threshold']:.3f}: EM {m['tuned_exact']:.2f} F1 {m['tuned_f1']:.2f}")
         return line
 
     def save(self, model, directory, state_dict):
@@ -169,7 +143,6 @@ class ReaderTask(Task):
                        self.null_threshold, tuned_on, precision=self.accelerator.mixed_precision,
                        normalization="question" if self.shared else "window",
                        passages_per_question=self.passages_per_question,
-                       verifier_weight=self.verifier_weight,
                        teacher=None if self.teacher is None else self.teacher.record()).save(directory)
 
     def write_outputs(self, directory, result):
@@ -203,19 +176,16 @@ class GroupedReaderTask(ReaderTask):
 
     def compute_loss(self, model, batch):
         """The shared-normalization loss (utils.reader.shared_norm); with a teacher, mixed with its distributions
-        over each question's windows, as the student's (utils.reader.distillation); with a verifier, plus its loss
-        averaged per question (utils.reader.verifier: a window holds an answer where it has a target other than
-        [CLS])."""
+        over each question's windows, as the student's (utils.reader.distillation)."""
         inputs = {k: v for k, v in batch.items() if k in MODEL_INPUTS}
         if self.teacher is not None and self.teacher.layer_pairs:  # the intermediate stage: layers, not answers
             return self.teacher.intermediate_loss(model, inputs, batch["group"])
-        start, end, verifier = reader_logits(model, inputs)
-        loss = shared_norm_loss(start, end, batch)
+        out = model(**inputs)
+        loss = shared_norm_loss(out.start_logits, out.end_logits, batch)
         if self.teacher is not None:
-            loss = self.teacher.mixed(loss, start, end, inputs, allowed=batch["allowed"], group=batch["group"])
-        if verifier is None:
-            return loss
-        return loss + verifier_loss(verifier, batch["start_target"][:, 1:].any(dim=1), batch["group"])
+            loss = self.teacher.mixed(loss, out.start_logits, out.end_logits, inputs, allowed=batch["allowed"],
+                                      group=batch["group"])
+        return loss
 
     @staticmethod
     def samples_in(batch):

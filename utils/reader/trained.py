@@ -30,16 +30,16 @@ from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoTokenize
 from utils.errors import UserError
 from utils.loop.batching import pad_batch
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
-from utils.reader.verifier import HEAD, attach_verifier, with_verifier
 from utils.reader.windows import prepare_windows
 
 logger = logging.getLogger("qa-amp")
 
 
 SETTINGS_FILE = "reader_settings.json"
-# A head older versions could train (DPR's passage selection, `passage_selection.weight`/`.bias` in
-# model.safetensors, "passage_selection" in reader_settings.json): it never scored spans, so its weights are ignored.
-OLD_SELECTION_HEAD = "passage_selection"
+# Heads older versions could train, by their prefix in model.safetensors: DPR's passage selection and an
+# answerability verifier (its weight against the null score was "verifier_weight" in reader_settings.json). Neither
+# scores spans, so their weights are ignored: a reader trained with one reads the same spans without it.
+OLD_HEADS = {"passage_selection": "a passage-selection head", "answerability": "an answerability verifier"}
 
 
 @dataclass
@@ -65,9 +65,6 @@ class ReaderSettings:
     # utils.reader.shared_norm): which no-answer rule it reads with (utils.reader.decoding, utils.system.answer).
     normalization: str = "window"
     passages_per_question: int = 1
-    # A reader trained with a verifier (utils.reader.verifier; its head is in model.safetensors): the weight of its
-    # score against the null score, tuned on dev with the threshold. None: no verifier.
-    verifier_weight: float | None = None
     # A reader taught by a teacher (utils.reader.distillation): {"model", "weights_sha256", "weight", "temperature",
     # "distil_layers"}.
     teacher: dict | None = None
@@ -83,12 +80,17 @@ class ReaderSettings:
     @classmethod
     def load(cls, directory: str) -> "ReaderSettings | None":
         """The settings saved in a model directory, None if it has none (or is a hub name). A setting this version
-        no longer has (an older version's "passage_selection") is ignored."""
+        no longer has (an older version's "passage_selection" or "verifier_weight") is ignored; a nonzero
+        verifier weight is said, since the threshold saved beside it was tuned with the verifier's term."""
         path = os.path.join(directory, SETTINGS_FILE)
         if not os.path.isfile(path):
             return None
         with open(path) as f:
             saved = json.load(f)
+        if saved.get("verifier_weight"):
+            logger.warning("%s: its null threshold was tuned with an answerability verifier's term (weight %g), "
+                           "which this version does not take: it abstains otherwise than the run that tuned it",
+                           directory, saved["verifier_weight"])
         return cls(**{f.name: saved[f.name] for f in fields(cls) if f.name in saved})
 
 
@@ -136,23 +138,20 @@ def check_layers(path: str, num_hidden_layers: int | None) -> None:
         raise UserError(f"--num_hidden_layers {num_hidden_layers}: {path} has {have} layers; give 1 to {have}")
 
 
-def load_qa_model(path: str, trained: bool = True, verifier: bool | None = None, num_hidden_layers: int | None = None):
+def load_qa_model(path: str, trained: bool = True, num_hidden_layers: int | None = None):
     """AutoModelForQuestionAnswering from `path`. `trained`: the checkpoint must hold the question-answering head
     (a base encoder, or a DPR encoder, would answer with a randomly initialised head). Training starts from any
-    encoder: its new head is expected, and transformers' warning about it is silenced for this load only (as is its
-    report of a verifier's weights, which it does not know). `verifier` (utils.reader.verifier): None, the one saved
-    with the model if any; True, that one or else a new one (training with --verifier); False, none.
+    encoder: its new head is expected, and transformers' warning about it is silenced for this load only.
     `num_hidden_layers`: only the first N of its layers (check_layers; the rest of its weights are not loaded). A
-    passage-selection head saved by an older version (OLD_SELECTION_HEAD) is left out, said in one log line
-    instead of transformers' report of weights it does not know."""
+    head saved by an older version (OLD_HEADS) is left out, said in one log line instead of transformers' report of
+    weights it does not know."""
     weights_file = os.path.join(path, "model.safetensors")
-    old_head, head = [], {}
+    old_head = []
     if os.path.isfile(weights_file):
         with safe_open(weights_file, "pt") as f:
-            old_head = sorted(k for k in f.keys() if k.startswith(OLD_SELECTION_HEAD + "."))
-            head = {k[len(HEAD) + 1:]: f.get_tensor(k) for k in f.keys() if k.startswith(HEAD + ".")}
+            old_head = sorted(k for k in f.keys() if k.split(".")[0] in OLD_HEADS)
     verbosity = transformers.utils.logging.get_verbosity()
-    if not trained or old_head or head:  # transformers would report the heads it does not know
+    if not trained or old_head:  # transformers would report the heads it does not know
         transformers.utils.logging.set_verbosity_error()
     try:
         layers = {} if num_hidden_layers is None else {"num_hidden_layers": num_hidden_layers}
@@ -169,12 +168,9 @@ def load_qa_model(path: str, trained: bool = True, verifier: bool | None = None,
     if missing:
         logger.info("%s: the question-answering head (%s) starts from random weights", path, ", ".join(missing[:2]))
     if old_head:
-        logger.warning("%s: ignoring %s: a passage-selection head saved by an older version, which this version does "
-                       "not use (the spans it reads are the same without it)", path, ", ".join(old_head))
-    if verifier is not False and (head or verifier):
-        new = attach_verifier(model)
-        if head:
-            new.load_state_dict(head)
+        described = " and ".join(sorted({OLD_HEADS[k.split(".")[0]] for k in old_head}))
+        logger.warning("%s: ignoring %s: %s saved by an older version, which this version does not use (the spans it "
+                       "reads are the same without it)", path, ", ".join(old_head), described)
     return model
 
 
@@ -234,7 +230,5 @@ class Reader:
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
             outputs = span_logits(self.model, loader, progress=progress)
         position = {i: at for at, i in enumerate(order)}  # each window's place in the sorted batches
-        starts, ends, verifiers = (None if xs is None else [xs[position[i]] for i in range(len(rows))]
-                                   for xs in outputs)
-        decoded = decode_examples(examples, windows, starts, ends, s, shared=s.shared, verifiers=verifiers)
-        return with_verifier(decoded, s.verifier_weight)
+        starts, ends = ([xs[position[i]] for i in range(len(rows))] for xs in outputs)
+        return decode_examples(examples, windows, starts, ends, s, shared=s.shared)

@@ -14,8 +14,7 @@ null score and, for the shared rule, the log-sum-exps of its windows' logits (ut
   the log-sum-exp over every window of every passage of the [CLS] start logits plus that of the end logits, and
   `null_minus_best` (null - best span score) is the log of the ratio of the no-answer's probability to the best
   span's. `no_answer_probability` is the share of the start and end softmaxes (averaged) on the no-answer: a
-  probability per question. A reader with a verifier (utils.reader.verifier) lowers that log ratio by its weight
-  x the highest verifier score of any window of any passage read, as it does on one passage.
+  probability per question.
 
 With `retriever_weight` w > 0 (fusion with the retriever, as pygaggle does for DPR's reader) the retriever's
 confidence in each passage weighs on what is read in it: every logit of a passage, start and end, rises by
@@ -46,8 +45,7 @@ from utils.errors import UserError
 from utils.numeric import logsumexp
 
 # what a passage's reading carries for the shared rule beside its best span: the log-sum-exps of its windows' logits
-# and a verifier's term (utils.reader.verifier.with_verifier; 0 for a reader without one)
-READING_STATS = ("null_start", "null_end", "lse_start", "lse_end", "verifier_term")
+READING_STATS = ("null_start", "null_end", "lse_start", "lse_end")
 CLIP = 50.0  # a log ratio beyond +-CLIP says nothing more to the calibration (and no span anywhere is +inf)
 NO_SPAN = {"text": "", "score": -math.inf, "null_score": math.inf, "null_minus_best": math.inf}
 
@@ -91,9 +89,7 @@ def _combined(passages, shared, retriever_weight) -> dict:
     null_start, null_end = logsumexp(p["null_start"] for p in passages), logsumexp(p["null_end"] for p in passages)
     lse_start, lse_end = logsumexp(p["lse_start"] for p in passages), logsumexp(p["lse_end"] for p in passages)
     probability = (math.exp(null_start - lse_start) + math.exp(null_end - lse_end)) / 2
-    verifier = max(p.get("verifier_term") or 0.0 for p in passages)  # the passage the verifier is surest of
-    return {**out, "null_minus_best": null_start + null_end - best["score"] - verifier,
-            "no_answer_probability": probability}
+    return {**out, "null_minus_best": null_start + null_end - best["score"], "no_answer_probability": probability}
 
 
 def calibrated(null_minus_best: float, calibration: tuple) -> float:
