@@ -1,10 +1,11 @@
-"""The QA system's scores with a no-answer threshold it was not tuned on: two-fold cross-fitting by paragraph.
+"""The QA system's scores with a no-answer threshold it was not tuned on: two-fold cross-fitting by article.
 
 qa_system.py tunes its threshold on --validation_file; when that is the file being scored (the shared dev set is
 the only labelled file beside the training data) the score is an upper bound. This re-scores a finished run from
-its details.jsonl (each passage's best span and null score), without reading again: the paragraphs are split into
-two halves (alternately, in file order; a paragraph's questions stay together), the threshold is tuned on one
-half and applied to the other, and the answers of both halves are scored together.
+its details.jsonl (each passage's best span and null score), without reading again: the articles are split into
+two halves (each article, in file order, to the half with fewer questions so far; an article's questions stay
+together, so what is tuned on one half is scored on articles it never saw, as a user's questions are), the
+threshold is tuned on one half and applied to the other, and the answers of both halves are scored together.
 
     python benchmarks/qa_crossfit.py --run outputs/qa --questions ../shared/data/squad/dev.json
 
@@ -41,11 +42,18 @@ from utils.system.answer import READING_STATS, at_share, calibrated  # noqa: E40
 from utils.system.measure import combined_at, fit_calibration, scores, tune, weight_grid  # noqa: E402
 
 
-def paragraph_of(path: str) -> dict:
-    """Question id -> the index of its paragraph in the SQuAD JSON."""
+def halves_of(path: str) -> tuple[dict, int]:
+    """(question id -> its half, 0 or 1; the number of articles): each article of the SQuAD JSON, in file order,
+    goes whole to the half with fewer questions so far (the first on a tie)."""
     with open(path, encoding="utf-8") as f:
-        paragraphs = [p for article in json.load(f)["data"] for p in article["paragraphs"]]
-    return {qa["id"]: i for i, p in enumerate(paragraphs) for qa in p["qas"]}
+        articles = json.load(f)["data"]
+    half, sizes = {}, [0, 0]
+    for article in articles:
+        ids = [qa["id"] for p in article["paragraphs"] for qa in p["qas"]]
+        h = int(sizes[1] < sizes[0])
+        half.update(dict.fromkeys(ids, h))
+        sizes[h] += len(ids)
+    return half, len(articles)
 
 
 def readings_of(path: str) -> tuple[dict, bool]:
@@ -100,7 +108,9 @@ def main():
     args = parser.parse_args()
 
     questions = load_questions(args.questions, need_context=False)
-    paragraph = paragraph_of(args.questions)
+    half_of, articles = halves_of(args.questions)
+    if articles < 2:  # one half would be empty: nothing to tune on, or nothing to score
+        raise UserError(f"--questions {args.questions}: {articles} article(s); cross-fitting by article needs two")
     readings, shared = readings_of(os.path.join(args.run, "details.jsonl"))
     largest, ks = run_ks(args.run, readings)
     beyond = [k for k in args.k if not 1 <= k <= largest]
@@ -108,9 +118,9 @@ def main():
         raise UserError(f"--k {', '.join(map(str, beyond))}: {args.run} read {largest} passages per question (its "
                         f"k's: {ks}); give k from 1 to {largest}")
     weights = weight_grid(None if args.retriever_weight == "tune" else float(args.retriever_weight))
-    halves = [[q for q in questions if paragraph[q["id"]] % 2 == h] for h in (0, 1)]
+    halves = [[q for q in questions if half_of[q["id"]] == h] for h in (0, 1)]
     print(f"{args.run}: {len(questions)} questions, halves of {len(halves[0])} / {len(halves[1])} questions "
-          f"({len(set(paragraph.values()))} paragraphs)")
+          f"({articles} articles, each whole in one half)")
     for name, half in (("the file", questions), ("half A", halves[0]), ("half B", halves[1])):
         if not unanswerable_share(half):
             print(f"{name} has no unanswerable question (SQuAD v1.1 data): no threshold is tuned on it (the "

@@ -61,6 +61,34 @@ def test_the_crossfit_rescoring_reads_passages_without_a_span(tmp_path):
     assert rows[0].split(" | ")[1] == "15.38"  # k = 1: no span anywhere, every question abstains (8 of 52 right)
 
 
+def test_the_crossfit_rescoring_tunes_on_whole_articles_and_refuses_a_file_of_one(tmp_path):
+    """The halves hold whole articles (each, in file order, to the half with fewer questions so far), so what is
+    tuned on one half is scored on articles it never saw; a file of one article has no second half."""
+    import json
+
+    from conftest import assert_user_error
+
+    from utils.files.squad import load_questions
+
+    run = tmp_path / "qa"
+    _write_details(run, load_questions(f"{SAMPLE}/dev.json"), lambda i, answer: [
+        {"passage_id": "a", "score": 1.0, "span": answer, "span_score": 2.0 + i % 3, "null_score": 1.0 + i % 5}])
+    sizes = [sum(len(p["qas"]) for p in a["paragraphs"]) for a in json.load(open(f"{SAMPLE}/dev.json"))["data"]]
+    halves = [0, 0]
+    for n in sizes:  # by hand: the rule above
+        halves[int(halves[1] < halves[0])] += n
+    proc = run_script("benchmarks/qa_crossfit.py", "--run", run, "--questions", f"{SAMPLE}/dev.json", "--k", 1)
+    assert (f"halves of {halves[0]} / {halves[1]} questions ({len(sizes)} articles, each whole in one half)"
+            in proc.stdout)
+    one = json.load(open(f"{SAMPLE}/dev.json"))
+    one["data"] = one["data"][:1]
+    (tmp_path / "one.json").write_text(json.dumps(one))
+    proc = run_script("benchmarks/qa_crossfit.py", "--run", run, "--questions", tmp_path / "one.json", "--k", 1,
+                      check=False)
+    assert_user_error(proc, "1 article(s); cross-fitting by article needs two")
+    assert "| 1 |" not in proc.stdout
+
+
 def test_the_crossfit_rescoring_measures_the_shift_and_the_calibration_of_a_shared_reader(tmp_path):
     """A reader trained with shared normalization: its probability of no answer is the same 0.3 for every question
     here, so its calibration against the labels is known by hand (expected calibration error |0.3 - share|, Brier
