@@ -42,18 +42,17 @@ from utils.system.answer import READING_STATS, at_share, calibrated  # noqa: E40
 from utils.system.measure import combined_at, fit_calibration, scores, tune, weight_grid  # noqa: E402
 
 
-def halves_of(path: str) -> tuple[dict, int]:
-    """(question id -> its half, 0 or 1; the number of articles): each article of the SQuAD JSON, in file order,
-    goes whole to the half with fewer questions so far (the first on a tie)."""
-    with open(path, encoding="utf-8") as f:
-        articles = json.load(f)["data"]
-    half, sizes = {}, [0, 0]
-    for article in articles:
-        ids = [qa["id"] for p in article["paragraphs"] for qa in p["qas"]]
-        h = int(sizes[1] < sizes[0])
-        half.update(dict.fromkeys(ids, h))
-        sizes[h] += len(ids)
-    return half, len(articles)
+def halves_of(questions: list[dict]) -> tuple[list[list[dict]], int]:
+    """(the two halves, the number of articles): each article (the questions of one title, as
+    utils.files.squad.load_questions gives them), in file order, goes whole to the half with fewer questions so far
+    (the first on a tie)."""
+    articles = {}
+    for q in questions:
+        articles.setdefault(q["title"], []).append(q)
+    halves = [[], []]
+    for article in articles.values():
+        halves[int(len(halves[1]) < len(halves[0]))] += article
+    return halves, len(articles)
 
 
 def readings_of(path: str) -> tuple[dict, bool]:
@@ -108,7 +107,7 @@ def main():
     args = parser.parse_args()
 
     questions = load_questions(args.questions, need_context=False)
-    half_of, articles = halves_of(args.questions)
+    halves, articles = halves_of(questions)
     if articles < 2:  # one half would be empty: nothing to tune on, or nothing to score
         raise UserError(f"--questions {args.questions}: {articles} article(s); cross-fitting by article needs two")
     readings, shared = readings_of(os.path.join(args.run, "details.jsonl"))
@@ -118,7 +117,6 @@ def main():
         raise UserError(f"--k {', '.join(map(str, beyond))}: {args.run} read {largest} passages per question (its "
                         f"k's: {ks}); give k from 1 to {largest}")
     weights = weight_grid(None if args.retriever_weight == "tune" else float(args.retriever_weight))
-    halves = [[q for q in questions if half_of[q["id"]] == h] for h in (0, 1)]
     print(f"{args.run}: {len(questions)} questions, halves of {len(halves[0])} / {len(halves[1])} questions "
           f"({articles} articles, each whole in one half)")
     for name, half in (("the file", questions), ("half A", halves[0]), ("half B", halves[1])):
