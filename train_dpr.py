@@ -39,7 +39,8 @@ from utils.loop.optim import build_optimizer
 from utils.loop.process import setup
 from utils.loop.run import run
 from utils.retriever.bi_encoder import bi_encoder_of, sentence_transformers_defaults
-from utils.retriever.config import EncoderConfig, EvaluationConfig, LossConfig, NegativesConfig
+from utils.retriever.config import (EncoderConfig, EvaluationConfig, LossConfig, NegativesConfig,
+                                    ReaderDistillationConfig)
 from utils.retriever.dpr_task import DPRTask, load_training_data, training_loader
 from utils.retriever.encoding import load_tokenizers
 from utils.retriever.evaluate_retriever import evaluate_retriever
@@ -84,6 +85,16 @@ class DPRArgs(TrainArgs):
         None, "Every N updates and at each epoch start, re-mine each training question's hard negatives with the "
         "model being trained (ANCE-style): the best-ranked training passages that are neither a positive nor "
         "contain an answer string.")
+    reader: Optional[str] = arg(
+        None, "Learn from this reader (trained by train_reader.py with --passages_per_question): at every negatives "
+        "refresh it reads each training question's current top --distill_passages passages, and the loss mixes in "
+        "KL(reader || retriever) over them, the reader's share of the answer per passage as the target (FiD-KD). "
+        "Needs --refresh_negatives_every.")
+    distill_passages: Optional[int] = arg(None, "With --reader: N, the top passages per question it reads. Default 4.")
+    distillation_weight: Optional[float] = arg(None, "With --reader: w, the loss is (1 - w) x in-batch + w x KL. "
+                                               "Default 0.5.")
+    distillation_temperature: Optional[float] = arg(None, "With --reader: T, the target is softmax(reader's passage "
+                                                    "log probabilities / T). Default 1.")
     group_by_length: bool = arg(False, "Batch questions whose passages have similar lengths (by the longest of each "
                                        "question's first passages). Off: --length_buckets already removes most padding.")
     length_buckets: int = arg(4, "Encode each batch's passages as N sub-batches of similar length, each padded "
@@ -160,7 +171,23 @@ class DPRArgs(TrainArgs):
             self.temperature = 0.05 if self.similarity == "cosine" else 1.0
         for config in (EncoderConfig, NegativesConfig, LossConfig, EvaluationConfig):
             self.config(config)  # their own checks, before anything is loaded
+        self.reader_distillation_config()
         super().validate()
+
+    def reader_distillation_config(self) -> ReaderDistillationConfig | None:
+        """What a reader adds to the loss (None: no --reader); its settings only with a reader."""
+        given = {k: getattr(self, k) for k in ("distill_passages", "distillation_weight", "distillation_temperature")
+                 if getattr(self, k) is not None}
+        if self.reader is None:
+            if given:
+                raise UserError("--distill_passages, --distillation_weight and --distillation_temperature need --reader")
+            return None
+        if not self.do_train:
+            raise UserError("--reader teaches a training run: drop it with --do_train false")
+        if not self.refresh_negatives_every:
+            raise UserError("--reader needs --refresh_negatives_every N: the passages it reads are each question's "
+                            "current top ones, found again at every refresh")
+        return ReaderDistillationConfig(self.reader, **given)
 
 
 @exit_on_user_error
@@ -185,7 +212,9 @@ def main(argv=None):
     if not args.do_train:
         return evaluate_retriever(accelerator, args.model_name_or_path, args.output_dir, encoders, eval_config,
                                   q_tok, p_tok, dev)
-    data = load_training_data(args.train_file, args.max_train_samples, encoders, negatives, q_tok, p_tok)
+    reader = args.reader_distillation_config()  # None, or the reader the retriever learns from
+    data = load_training_data(args.train_file, args.max_train_samples, encoders, negatives, q_tok, p_tok,
+                              reader.distill_passages if reader else 0)
     logger.info("train: %d questions x (1 positive + %d negatives); dev: %d questions; corpus: %d passages",
                 len(data.questions), negatives.num_hard_negatives, len(dev.questions), len(dev.corpus))
     if len(data.questions) < args.per_device_train_batch_size * accelerator.num_processes:
@@ -202,7 +231,7 @@ def main(argv=None):
 
     # --- fit, validate, publish ----------------------------------------------------------------------
     evaluation = RetrievalEvaluation(accelerator, encoders, eval_config, q_tok, p_tok, dev)
-    task = DPRTask(accelerator, encoders, negatives, loss, data, evaluation, q_tok, p_tok)
+    task = DPRTask(accelerator, encoders, negatives, loss, data, evaluation, q_tok, p_tok, reader)
     run(accelerator, loop, task, model, optimizer, train_loader)
 
 

@@ -57,6 +57,18 @@ def tiny_bert_no_dropout_dir(tmp_path_factory, tokenizer):
 
 
 @pytest.fixture(scope="session")
+def shared_reader_dir(tiny_bert_no_dropout_dir, tmp_path_factory):
+    """A tiny reader trained with shared normalization on the sample: a teacher for a reader (--teacher) and for a
+    retriever (--reader)."""
+    out = str(tmp_path_factory.mktemp("shared-reader") / "out")
+    run_script("train_reader.py", "--model_name_or_path", tiny_bert_no_dropout_dir, "--output_dir", out,
+               "--per_device_train_batch_size", 4, "--learning_rate", 1e-3, "--max_train_steps", 10,
+               "--passages_per_question", 3, "--passages", f"{SAMPLE}/dpr_passages.jsonl",
+               "--eval_before_training", "false")
+    return out
+
+
+@pytest.fixture(scope="session")
 def trained_models(tiny_bert_dir, tmp_path_factory):
     """(reader, retriever): a tiny reader and a tiny retriever trained on the shipped sample (fp32), shared by the
     tests that use trained models (the QA system, the server)."""

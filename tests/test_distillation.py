@@ -89,14 +89,9 @@ def distil_args(student, teacher, out, per_device, *extra):
 
 
 @pytest.fixture(scope="module")
-def teacher_dir(tiny_bert_no_dropout_dir, tmp_path_factory):
-    """A tiny reader trained with shared normalization on the sample: the teacher of the runs below."""
-    out = str(tmp_path_factory.mktemp("teacher") / "out")
-    run_script("train_reader.py", "--model_name_or_path", tiny_bert_no_dropout_dir, "--output_dir", out,
-               "--per_device_train_batch_size", 4, "--learning_rate", 1e-3, "--max_train_steps", 10,
-               "--passages_per_question", 3, "--passages", f"{SAMPLE}/dpr_passages.jsonl",
-               "--eval_before_training", "false")
-    return out
+def teacher_dir(shared_reader_dir):
+    """The teacher of the runs below (conftest: a tiny reader trained with shared normalization on the sample)."""
+    return shared_reader_dir
 
 
 def test_a_distilled_run_records_its_teacher_and_resumes_to_the_same_weights(tiny_bert_dir, teacher_dir, tmp_path):

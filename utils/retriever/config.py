@@ -1,8 +1,8 @@
 """What the DPR retriever's training and evaluation take, as small typed configs built at the edge (train_dpr.py's
 flags, DPRArgs.config) with their checks beside them: `EncoderConfig` (the bi-encoder, how it reads questions and
 passages, the formats it is saved in), `NegativesConfig` (what each question trains against besides its positive),
-`LossConfig` (the contrastive loss and how a step computes it) and `EvaluationConfig` (what a retriever is ranked
-on, in which batches). Code below the script reads its settings by name from these, never from the command line's
+`LossConfig` (the contrastive loss and how a step computes it), `ReaderDistillationConfig` (what a trained reader
+adds to it: --reader) and `EvaluationConfig` (what a retriever is ranked on, in which batches). Code below the script reads its settings by name from these, never from the command line's
 namespace. A field's flag has the field's name (`--window_sentences` is `EncoderConfig.window_sentences`): the
 errors name the flag.
 """
@@ -14,6 +14,7 @@ from typing import Optional
 from accelerate.utils import DistributedType
 
 from utils.errors import UserError, check_at_least_one
+from utils.reader.trained import ReaderSettings, check_reader_dir
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,33 @@ class LossConfig:
             # ignores no_sync).
             raise UserError("--grad_cache_chunk_size does not work under DeepSpeed (the engine would step once per "
                             "chunk); use DDP or FSDP, or a smaller --per_device_train_batch_size without GradCache")
+
+
+@dataclass(frozen=True)
+class ReaderDistillationConfig:
+    reader: str
+    """A reader trained by train_reader.py with shared normalization (--passages_per_question): its share of each
+    question's answer probability over the retriever's top passages is the target the retriever learns."""
+    distill_passages: int = 4
+    """N: per training question, the retriever's current top N passages (refreshed with the negatives) are read by
+    the reader and make up the distribution learned."""
+    distillation_weight: float = 0.5
+    """w: the retriever's loss is (1 - w) x the in-batch loss + w x KL(reader || retriever) over the N passages."""
+    distillation_temperature: float = 1.0
+    """T: the target is the softmax of the reader's passage log-probabilities / T; above 1 it is flatter."""
+
+    def __post_init__(self):
+        check_reader_dir(self.reader)
+        if not (ReaderSettings.load(self.reader) or ReaderSettings()).shared:
+            raise UserError(f"--reader {self.reader}: it was trained a window at a time, so its scores do not compare "
+                            "across passages; give a reader trained with --passages_per_question (shared normalization)")
+        if self.distill_passages < 2:
+            raise UserError(f"--distill_passages {self.distill_passages}: give at least 2 (the target is a "
+                            "distribution over them)")
+        if not 0 < self.distillation_weight <= 1:
+            raise UserError(f"--distillation_weight {self.distillation_weight}: give a share in (0, 1]")
+        if self.distillation_temperature <= 0:
+            raise UserError("--distillation_temperature must be positive")
 
 
 @dataclass(frozen=True)

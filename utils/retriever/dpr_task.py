@@ -1,14 +1,17 @@
 """The DPR retriever as a task of the shared training loop (utils.loop.task). One training step, top to bottom:
 
 1. `model_inputs`: the loader yields question indices; `TrainingData.batch` turns them into the tokenised questions,
-   their passages laid out question by question ([positive, negatives...] each) and the passages' keys;
+   their passages laid out question by question ([positive, negatives..., reader's passages...] each) and the
+   passages' keys;
 2. `compute_loss`: the bi-encoder embeds both sides (utils.retriever.bi_encoder) and `global_loss`
-   (utils.retriever.loss) scores every question against every passage of the global batch, gathered across
-   processes, duplicates of each positive masked;
+   (utils.retriever.loss) scores every question against every positive and negative of the global batch, gathered
+   across processes, duplicates of each positive masked; with --reader, the KL between the reader's distribution
+   over each question's top passages and the retriever's is mixed in (`reader_kl`, utils.retriever.reader_targets);
 3. `train_step`: with --grad_cache_chunk_size the same step in chunks (utils.loop.grad_cache).
 
-Around it: negatives refreshed by the model being trained (ANCE-style, at epoch starts and every N updates), the
-evaluation (utils.retriever.evaluation) and the outputs (sentence-transformers and transformers DPR directories,
+Around it: negatives refreshed by the model being trained (ANCE-style, at epoch starts and every N updates; with
+--reader also each question's top passages and the reader's readings of them), the evaluation
+(utils.retriever.evaluation) and the outputs (sentence-transformers and transformers DPR directories,
 rankings.jsonl).
 """
 
@@ -23,6 +26,7 @@ from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader
 
 from utils.files.answers import normalized
+from utils.reader.distillation import distillation_kl
 from utils.files.corpus import key_hash, passage_key, text_key, unique_passages
 from utils.files.dpr import load_dpr, training_passages
 from utils.files.jsonfiles import json_line
@@ -31,12 +35,13 @@ from utils.loop.checkpoints import load_weights
 from utils.loop.grad_cache import grad_cache_step
 from utils.loop.process import bare_model
 from utils.loop.task import Task
-from utils.retriever.config import EncoderConfig, LossConfig, NegativesConfig
+from utils.retriever.config import EncoderConfig, LossConfig, NegativesConfig, ReaderDistillationConfig
 from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
 from utils.retriever.evaluation import RetrievalEvaluation
 from utils.retriever.exports import encoder_state, export_dpr, save_sentence_transformers_dir
-from utils.retriever.loss import global_loss
+from utils.retriever.loss import gather_with_grad, global_loss, world
 from utils.retriever.mined_negatives import select_negatives
+from utils.retriever.reader_targets import ReaderTargets, top_passages
 from utils.retriever.sentence_windows import training_windows
 from utils.retriever.settings import RetrieverSettings
 from utils.search.exact import Vectors, dense_search
@@ -52,10 +57,15 @@ class TrainingData:
     each question's [positive, negatives...] (utils.files.dpr.training_passages); `self.question_passages[i]` holds
     question i's as indices into `self.passages`. A refresh replaces the negatives; they are checkpointed
     (state_dict), so a resumed run trains on exactly the negatives the interrupted one had. With `refresh`, the
-    passages also include every other passage of the train file: the corpus refreshed negatives come from."""
+    passages also include every other passage of the train file: the corpus refreshed negatives come from.
+    With `reader_passages` N (--reader), each question's row ends with its N top passages (as units: a passage's
+    best window), with the reader's log probability of each in `reader_scores` (-inf: none), both set at every
+    refresh and checkpointed with the negatives; `passage_texts` holds each passage's whole text by its key hash,
+    what the reader reads."""
 
     def __init__(self, questions: list[dict], question_passages: list[list[dict]], q_tok, p_tok,
-                 encoders: EncoderConfig, refresh: bool):
+                 encoders: EncoderConfig, refresh: bool, reader_passages: int = 0,
+                 passage_texts: dict[int, str] | None = None):
         self.questions = questions
         ctxs = [c for g in question_passages for c in g]
         if refresh:
@@ -64,6 +74,12 @@ class TrainingData:
         position = {text_key(c): i for i, c in enumerate(self.passages)}
         self.question_passages = np.array([[position[text_key(c)] for c in g] for g in question_passages],
                                           dtype=np.int64)
+        self.own = self.question_passages.shape[1]  # a question's positive and negatives: what the in-batch loss ranks
+        self.reader_passages, self.passage_texts = reader_passages, passage_texts
+        if reader_passages:  # until the first refresh (epoch 0's start, before any batch): the positive, no reading
+            self.question_passages = np.concatenate(
+                [self.question_passages, np.repeat(self.question_passages[:, :1], reader_passages, axis=1)], axis=1)
+            self.reader_scores = np.full((len(questions), reader_passages), -np.inf)
         # Masking compares passages, not texts: a window is a duplicate of every other window of its passage.
         self.keys = torch.tensor([key_hash(passage_key(c)) for c in self.passages], dtype=torch.long)
         self.normalized_texts = [normalized(c["text"]) for c in self.passages] if refresh else None
@@ -76,35 +92,49 @@ class TrainingData:
         """Tokenised questions, their passages laid out question by question, and the passages' keys. Built when
         the batch is trained on (not when the loader prefetches it), so a refresh applies from the next batch."""
         rows = self.question_passages[question_indices].reshape(-1)
-        return {"query": self.question_tokens.batch(question_indices, self.q_pad),
-                "passage": self.passage_tokens.batch(rows, self.p_pad),
-                "passage_keys": self.keys[rows]}
+        out = {"query": self.question_tokens.batch(question_indices, self.q_pad),
+               "passage": self.passage_tokens.batch(rows, self.p_pad),
+               "passage_keys": self.keys[rows]}
+        if self.reader_passages:
+            out["reader_scores"] = torch.from_numpy(self.reader_scores[question_indices]).float()
+        return out
 
     def tokens(self, question_indices) -> int:
         return int(self.question_tokens.lengths[question_indices].sum()
                    + self.passage_tokens.lengths[self.question_passages[question_indices]].sum())
 
     def state_dict(self):
-        return {"negatives": torch.from_numpy(self.question_passages[:, 1:].copy()), "refreshes": self.refreshes}
+        state = {"negatives": torch.from_numpy(self.question_passages[:, 1:].copy()), "refreshes": self.refreshes}
+        if self.reader_passages:
+            state["reader_scores"] = torch.from_numpy(self.reader_scores.copy())
+        return state
 
     def load_state_dict(self, state):
         self.question_passages[:, 1:] = state["negatives"].numpy()
         self.refreshes = state["refreshes"]
+        if self.reader_passages:
+            self.reader_scores = state["reader_scores"].numpy().copy()
 
 
 def load_training_data(train_file: str, max_train_samples: int | None, encoders: EncoderConfig,
-                       negatives: NegativesConfig, q_tok, p_tok) -> TrainingData:
+                       negatives: NegativesConfig, q_tok, p_tok, reader_passages: int = 0) -> TrainingData:
     """The training questions of a DPR file (its first `max_train_samples`) with their first negatives
     (utils.files.dpr.training_passages), tokenised. With window_sentences, each positive is cut to its window that
-    holds the answer and the negatives to windows (utils.retriever.sentence_windows)."""
+    holds the answer and the negatives to windows (utils.retriever.sentence_windows). `reader_passages`: room for
+    each question's top passages that a reader reads (--reader), and the whole passages' texts it reads."""
     questions = load_dpr(train_file)[:max_train_samples]
+    passage_texts = None
+    if reader_passages:  # before windows cut them: the reader reads whole passages
+        passage_texts = {key_hash(passage_key(c)): c["text"] for q in questions
+                         for c in q["positive_ctxs"] + q["hard_negative_ctxs"] + q["negative_ctxs"]}
     if encoders.window_sentences:
         questions, whole = training_windows(questions, encoders.window_sentences)
         logger.info("train: positives are the answer-bearing %d-sentence windows (%d questions keep the whole passage: "
                     "no window holds an answer)", encoders.window_sentences, whole)
     question_passages = training_passages(questions, negatives.num_hard_negatives, negatives.seed)
     return TrainingData(questions, question_passages, q_tok, p_tok, encoders,
-                        refresh=bool(negatives.refresh_negatives_every))
+                        refresh=bool(negatives.refresh_negatives_every), reader_passages=reader_passages,
+                        passage_texts=passage_texts)
 
 
 def training_loader(data: TrainingData, per_device_train_batch_size: int, seed: int,
@@ -127,10 +157,14 @@ class DPRTask(Task):
     samples_name = "questions"
 
     def __init__(self, accelerator, encoders: EncoderConfig, negatives: NegativesConfig, loss: LossConfig,
-                 data: TrainingData, evaluation: RetrievalEvaluation, q_tok, p_tok):
+                 data: TrainingData, evaluation: RetrievalEvaluation, q_tok, p_tok,
+                 reader: ReaderDistillationConfig | None = None):
         self.accelerator, self.encoders, self.negatives, self.loss = accelerator, encoders, negatives, loss
         self.data, self.evaluation, self.q_tok, self.p_tok = data, evaluation, q_tok, p_tok
         self.encoding_batch_size = evaluation.config.per_device_eval_batch_size  # embedding without gradients
+        self.reader = reader
+        self.targets = None if reader is None else ReaderTargets(
+            accelerator, reader, [q["question"] for q in data.questions], data.passage_texts, self.encoding_batch_size)
         self.dense_weight = None  # the hybrid's, of the latest evaluation: what the weights saved next rank with
         if negatives.refresh_negatives_every:  # the training questions to mine for, and this process's passages
             self.train_question_loader = encoding_loader(accelerator, data.question_tokens, "query", data.q_pad,
@@ -153,20 +187,40 @@ class DPRTask(Task):
         return self.data.tokens(batch.cpu().numpy())
 
     def checkpoint_objects(self) -> list:
-        return [self.data] if self.negatives.refresh_negatives_every else []
+        if not self.negatives.refresh_negatives_every:
+            return []
+        return [self.data] + ([self.targets] if self.targets is not None else [])
 
     def model_inputs(self, batch):
         return send_to_device(self.data.batch(batch.cpu().numpy()), self.accelerator.device)
 
     def compute_loss(self, model, batch):
         q, p = model(query=batch["query"], passage=batch["passage"])
-        return self._loss(q, p, batch["passage_keys"])
+        return self._loss(q, p, batch["passage_keys"], batch.get("reader_scores"))
 
-    def _loss(self, q, p, passage_keys):
+    def _loss(self, q, p, passage_keys, reader_scores=None):
         """(loss to backpropagate, loss to log): the global-batch loss, scaled by the world size for DDP's
-        gradient average (utils.retriever.loss.global_loss)."""
-        loss, for_backward = global_loss(q, p, passage_keys, self.loss.temperature)
-        return for_backward, loss
+        gradient average (utils.retriever.loss.global_loss); with --reader, (1 - w) x it + w x `reader_kl`."""
+        if reader_scores is None:
+            loss, for_backward = global_loss(q, p, passage_keys, self.loss.temperature)
+            return for_backward, loss
+        per_question = len(p) // len(q)
+        own = self.data.own
+        p = p.view(len(q), per_question, -1)
+        keys = passage_keys.view(len(q), per_question)[:, :own].reshape(-1)
+        loss, _ = global_loss(q, p[:, :own].reshape(-1, p.shape[-1]), keys, self.loss.temperature)
+        w = self.reader.distillation_weight
+        loss = (1 - w) * loss + w * self.reader_kl(q, p[:, own:], reader_scores)
+        return loss * world()[0], loss
+
+    def reader_kl(self, q, p, reader_scores):
+        """KL(softmax(reader_scores / T) || softmax(q . p / temperature)) per question over its top passages (`p`:
+        questions x N x dim; a -inf reader score is no passage), the mean over the global batch (every process's
+        questions; the gradient reaches this process's, as global_loss's does)."""
+        scores = torch.einsum("qd,qnd->qn", q, p) / self.loss.temperature
+        allowed = torch.isfinite(reader_scores)
+        kl = distillation_kl(scores, reader_scores / self.reader.distillation_temperature, allowed, 1.0)
+        return gather_with_grad(kl.reshape(1)).mean()
 
     def train_step(self, accelerator, model, batch, weight=1.0):
         if not self.loss.grad_cache_chunk_size:
@@ -180,7 +234,7 @@ class DPRTask(Task):
                    "passage": take(batch["passage"], s * per_question, (s + size) * per_question)}
                   for s in range(0, n_q, size)]
         return grad_cache_step(accelerator, model, chunks, lambda m, chunk: m(**chunk),
-                               lambda q, p: self._loss(q, p, batch["passage_keys"]), weight)
+                               lambda q, p: self._loss(q, p, batch["passage_keys"], batch.get("reader_scores")), weight)
 
     # --- refreshed hard negatives (ANCE-style) ---
 
@@ -207,20 +261,30 @@ class DPRTask(Task):
             mine = self.refresh_shard
             p = encode_texts(bare_model(acc, model), self.data.passage_tokens, "passage", self.data.p_pad,
                              self.encoding_batch_size, device, rows=np.arange(mine.start, mine.stop))
-        old = self.data.question_passages[:, 1:].copy()
-        depth = min(len(self.data.passages), 4 * old.shape[1] + 50)  # deep enough to skip positives, false negatives
+        own = self.data.own
+        old = self.data.question_passages[:, 1:own].copy()
+        # deep enough to skip positives and false negatives, and a passage's other windows
+        depth = min(len(self.data.passages), 4 * max(old.shape[1], self.data.reader_passages) + 50)
         _, ranked, _ = dense_search(q, Vectors(p, None, len(mine), mine.start), depth)
         new = select_negatives(ranked, self.data.questions, self.data.passages, old.shape[1], old,
                                self.data.normalized_texts)
-        self.data.question_passages[:, 1:] = new
+        self.data.question_passages[:, 1:own] = new
+        reading = {}
+        if self.targets is not None:  # the reader's passages: the top ones, whatever they hold
+            keys = self.data.keys.numpy()
+            units, valid = top_passages(ranked, keys, self.data.reader_passages)
+            self.data.question_passages[:, own:] = units
+            self.data.reader_scores, reading = self.targets.scores(units, valid, keys)
         changed = int(sum(len(set(n) - set(o)) for n, o in zip(new.tolist(), old.tolist())))
         # Which negatives, not only how many changed: two runs agree on a refresh iff their fingerprints agree.
         fingerprint = hashlib.blake2b(np.ascontiguousarray(new, dtype=np.int64).tobytes(), digest_size=6).hexdigest()
         seconds = round(time.perf_counter() - t0, 1)
-        logger.info("refreshed hard negatives (%s): %d of %d changed (fingerprint %s); %d passages encoded, %.1f s",
-                    when, changed, old.size, fingerprint, len(self.data.passages), seconds)
+        logger.info("refreshed hard negatives (%s): %d of %d changed (fingerprint %s); %d passages encoded, %.1f s%s",
+                    when, changed, old.size, fingerprint, len(self.data.passages), seconds,
+                    f"; the reader read {reading['read']} (question, passage) pairs in {reading['read_seconds']} s"
+                    if reading else "")
         self.data.refreshes.append({"when": when, "changed": changed, "of": int(old.size), "fingerprint": fingerprint,
-                                    "seconds": seconds})
+                                    "seconds": seconds, **reading})
         self.accelerator.log({"train/negatives_changed": changed})
 
     # --- evaluation, saving ---
@@ -247,6 +311,8 @@ class DPRTask(Task):
                "window_sentences": e.window_sentences, "corpus_passages": len(self.evaluation.data.corpus)}
         if self.negatives.refresh_negatives_every:
             out["negatives_refreshed"] = self.data.refreshes
+        if self.targets is not None:
+            out["reader"] = self.targets.record()
         return out
 
     def save(self, model, directory, state_dict):
