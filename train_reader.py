@@ -60,6 +60,7 @@ from utils.reader.squad_data import load_train_and_dev
 from utils.reader.trained import ReaderSettings, check_layers, load_qa_model
 from utils.reader.training_batches import training_batches
 from utils.reader.windows import load_tokenizer
+from utils.retriever.retriever import Retriever
 
 logger = logging.getLogger("qa-amp")
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
@@ -120,6 +121,9 @@ class ReaderArgs(TrainArgs):
                                         "no-answer decision per question. 1: one paragraph at a time.")
     passages: Optional[str] = arg(None, "The corpus the negative or retrieved passages come from (JSON lines of "
                                         "title/text/passage_id).")
+    retriever: Optional[str] = arg(None, "Rank --passages for each training question with this retriever (trained by "
+                                         "train_dpr.py; hybrid where it recorded a dense weight, as the QA system "
+                                         "ranks) instead of BM25: a reader trained on the passages it will be given.")
     teacher: Optional[str] = arg(None, "Distil from this trained reader (same tokenizer and windows): the loss mixes "
                                        "in its start and end distributions over the same windows, as the student is "
                                        "trained (per question under --passages_per_question; "
@@ -194,6 +198,20 @@ class ReaderArgs(TrainArgs):
         return DistillationConfig(self.teacher, **given, distil_layers=self.distil_layers)
 
 
+def retriever_ranking(retriever_dir: str | None, accelerator):
+    """--retriever: `rank(passages, questions, depth)` -> ids, the retriever's ranking as the QA system ranks with it
+    (hybrid where it recorded a dense weight); None (BM25) without one."""
+    if retriever_dir is None:
+        return None
+    retriever = Retriever(retriever_dir, device=str(accelerator.device))
+    hybrid = retriever.settings.hybrid_dense_weight is not None
+
+    def rank(passages, questions, depth):
+        index = retriever.index(passages, bm25=hybrid, progress=False)
+        return retriever.rank(index, questions, depth, hybrid)[1]
+    return rank
+
+
 @exit_on_user_error
 def main(argv=None):
     # --- config: the flags become the small configs the code under utils/ takes ---------------------
@@ -220,7 +238,7 @@ def main(argv=None):
     with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)  # SQuAD v2: tune a threshold
     train = training_batches(accelerator, tokenizer, train_examples, window_config, passage_config, collate,
                              batch_size=args.per_device_train_batch_size, group_by_length=args.group_by_length,
-                             seed=args.seed)
+                             seed=args.seed, rank=retriever_ranking(passage_config.retriever, accelerator))
     dev = prepare_eval_set(accelerator, tokenizer, dev_examples, window_config, args.per_device_eval_batch_size,
                            collate, name=data_config.dev_name)
     logger.info("train: %d examples -> %d windows; dev: %d examples -> %d windows; SQuAD %s",

@@ -173,3 +173,39 @@ def test_bad_reader_flags_are_one_line_errors_before_anything_is_created(tiny_be
                       check=False)
     assert_user_error(proc, expected)
     assert not os.path.exists(out)
+
+
+def test_the_loop_a_reader_trained_on_a_retrievers_passages_then_a_retriever_from_a_taught_one(
+        trained_models, tiny_bert_no_dropout_dir, shared_reader_dir, tmp_path):
+    """FiD-KD's rounds: train_reader.py --retriever ranks the passages a training question reads with the retriever
+    (as the QA system ranks with it, not BM25), and train_dpr.py starts from a taught retriever's encoders."""
+    from accelerate import Accelerator
+    from train_reader import retriever_ranking
+
+    from utils.files.corpus import load_passages
+    from utils.reader.passages import ranked_passages
+    from utils.retriever.retriever import Retriever
+
+    _, retriever_dir = trained_models
+    passages = load_passages(f"{SAMPLE}/dpr_passages.jsonl")
+    questions = [q["question"] for q in json.load(open(f"{SAMPLE}/dpr_dev.json"))[:8]]
+    examples = [{"question": q} for q in questions]
+    ranked = ranked_passages(examples, passages, 5, retriever_ranking(retriever_dir, Accelerator(cpu=True)))
+    retriever = Retriever(retriever_dir, device="cpu")
+    hybrid = retriever.settings.hybrid_dense_weight is not None
+    hits = retriever.search(retriever.index(passages, bm25=hybrid, progress=False), questions, 5, hybrid)
+    position = {p["passage_id"]: j for j, p in enumerate(passages)}
+    assert ranked == [[position[h["passage_id"]] for h in row] for row in hits]
+    assert ranked != ranked_passages(examples, passages, 5)  # not BM25's
+
+    taught, reader = str(tmp_path / "taught"), str(tmp_path / "reader")
+    run_script("train_dpr.py", *reader_args(tiny_bert_no_dropout_dir, shared_reader_dir, taught, 8,
+                                            "--max_train_steps", 2, "--refresh_negatives_every", 2))
+    run_script("train_reader.py", "--model_name_or_path", shared_reader_dir, "--output_dir", reader,
+               "--per_device_train_batch_size", 4, "--max_train_steps", 2, "--passages_per_question", 3,
+               "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--retriever", taught, "--eval_before_training", "false")
+    again = str(tmp_path / "again")
+    run_script("train_dpr.py", *reader_args(f"{taught}/query_encoder", reader, again, 8, "--max_train_steps", 2,
+                                            "--refresh_negatives_every", 2, "--passage_model_name_or_path",
+                                            f"{taught}/passage_encoder"))
+    assert json.load(open(f"{again}/eval_results.json"))["reader"]["model"] == reader

@@ -54,7 +54,7 @@ def test_a_killed_run_with_negatives_resumes_to_the_same_weights(tiny_bert_dir, 
     assert_same_weights(os.path.join(ref, "model.safetensors"), os.path.join(out, "model.safetensors"))
 
 
-def test_negatives_need_their_corpus(tiny_bert_dir, tmp_path):
+def test_negatives_need_their_corpus_and_a_retriever_its_passages(tiny_bert_dir, tmp_path):
     proc = run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", tmp_path / "o",
                       "--negative_passages", 1, check=False)
     assert_user_error(proc, "--negative_passages N needs --passages")
@@ -64,4 +64,11 @@ def test_negatives_need_their_corpus(tiny_bert_dir, tmp_path):
     proc = run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", tmp_path / "o",
                       "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--passages_per_question", 1, check=False)
     assert_user_error(proc, "--passages is for")
+    proc = run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", tmp_path / "o",
+                      "--retriever", tiny_bert_dir, check=False)
+    assert_user_error(proc, "--retriever ranks --passages for")
+    proc = run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", tmp_path / "o",
+                      "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--passages_per_question", 2, "--retriever",
+                      tiny_bert_dir, check=False)
+    assert_user_error(proc, f"--retriever {tiny_bert_dir}: not a retriever trained by train_dpr.py")
     assert not os.path.exists(tmp_path / "o")

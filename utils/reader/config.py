@@ -66,6 +66,9 @@ class PassagesConfig:
     passages_per_question: int = 1
     """Each training question read with this many passages (its own and retrieved ones) under one softmax: shared
     normalization (utils.reader.groups, utils.reader.shared_norm); 1: a paragraph at a time."""
+    retriever: Optional[str] = None
+    """A retriever trained by train_dpr.py that ranks the corpus for each training question, as the QA system
+    ranks with it; None: BM25."""
 
     def __post_init__(self):
         if self.negative_passages < 0:
@@ -80,6 +83,11 @@ class PassagesConfig:
                             "needs --passages (the corpus its passages come from)")
         if not self.retrieving and self.passages is not None:
             raise UserError("--passages is for --negative_passages N or --passages_per_question M (more than 1)")
+        if self.retriever is not None and not self.retrieving:
+            raise UserError("--retriever ranks --passages for --negative_passages N or --passages_per_question M")
+        if self.retriever is not None and not os.path.isfile(os.path.join(self.retriever, "retriever_settings.json")):
+            raise UserError(f"--retriever {self.retriever}: not a retriever trained by train_dpr.py (no "
+                            "retriever_settings.json)")
 
     @property
     def shared(self) -> bool:

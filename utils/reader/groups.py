@@ -19,15 +19,15 @@ class QuestionGroups:
     process), and shared with the others."""
 
     def __init__(self, accelerator, tokenizer, window_config: WindowConfig, examples: list[dict], passages: list[dict],
-                 passages_per_question: int, seed: int):
+                 passages_per_question: int, seed: int, rank=None):
         """`passages`: the corpus; `passages_per_question`: the question's own paragraph and the retrieved passages
-        it reads each epoch, drawn with `seed`."""
+        it reads each epoch, drawn with `seed`; `rank`: how the corpus is ranked (utils.reader.passages)."""
         self.passages_per_question, self.seed, self.pad = passages_per_question, seed, tokenizer.pad_token_id
         self.count = passages_per_question - 1  # retrieved passages read with each question in an epoch
         # The others wait in the broadcast meanwhile, for as long as --process_group_timeout allows. Not shared out:
         # every process would hold BM25 over the whole corpus to rank its share of the questions, which multiplies
         # the memory by the processes for no gain in time.
-        pools = passage_pools(examples, passages, self.count) if accelerator.is_main_process else None
+        pools = passage_pools(examples, passages, self.count, rank) if accelerator.is_main_process else None
         self.pools = broadcast_object_list([pools])[0] if accelerator.num_processes > 1 else pools
         self.answerable = [bool(ex["answers"]["text"]) for ex in examples]
         pairs, self.first_pair = [], []

@@ -19,11 +19,12 @@ from utils.reader.windows_cache import tokenize_windows
 POOL_PER_NEGATIVE = 4  # a question's pool: this many candidates per negative drawn each epoch
 
 
-def negative_pools(examples: list[dict], passages: list[dict], count: int) -> list[list[int]]:
-    """Per example, the indices of its `POOL_PER_NEGATIVE x count` best-ranked passages that are not its own
-    paragraph and hold none of its answer strings (utils.files.answers: normalised, whole tokens)."""
+def negative_pools(examples: list[dict], passages: list[dict], count: int, rank=None) -> list[list[int]]:
+    """Per example, the indices of its `POOL_PER_NEGATIVE x count` best-ranked passages (BM25's, or `rank`'s:
+    utils.reader.passages.ranked_passages) that are not its own paragraph and hold none of its answer strings
+    (utils.files.answers: normalised, whole tokens)."""
     pool = POOL_PER_NEGATIVE * count
-    ranked = ranked_passages(examples, passages, pool + 20)
+    ranked = ranked_passages(examples, passages, pool + 20, rank)
     texts = [normalized(p["text"]) for p in passages]
     out = []
     for ex, row in zip(examples, ranked):
@@ -55,11 +56,11 @@ def epoch_negatives(pools: list[list[int]], count: int, first: int, seed: int):
 
 
 def with_negative_passages(accelerator, tokenizer, window_config: WindowConfig, examples: list[dict],
-                           windows: datasets.Dataset, passages: list[dict], count: int, seed: int):
+                           windows: datasets.Dataset, passages: list[dict], count: int, seed: int, rank=None):
     """(training windows, epoch -> window indices, pool size): `windows` (those of `examples`) followed by one
     unanswerable window per pool passage of `passages` (the corpus), and each epoch's choice (every real window,
-    `count` negatives drawn per question with `seed`)."""
-    pools = negative_pools(examples, passages, count)
+    `count` negatives drawn per question with `seed`); `rank`: ranked_passages'."""
+    pools = negative_pools(examples, passages, count, rank)
     negatives = tokenize_windows(accelerator, tokenizer, negative_examples(examples, passages, pools), window_config,
                                  labels="answer", one_window=True)
     columns = [c for c in windows.column_names if c in negatives.column_names]

@@ -1,7 +1,7 @@
 """Retrieved passages for a reader trained the way the QA system uses it: each training question read together with
 passages a retriever ranks high for it, all of them normalised together (utils.reader.shared_norm).
 
-Per question, a pool of its best-ranked passages of a corpus (BM25's), its own paragraph
+Per question, a pool of its best-ranked passages of a corpus (BM25's, or a trained retriever's: `rank`), its own paragraph
 left out (it is always read); every epoch draws `passages_per_question - 1` of the pool anew, a pure function of
 (seed, epoch, question), so a resumed run draws what the interrupted one would have. A retrieved passage that holds
 one of an answerable question's answer strings (utils.files.answers: normalised, whole tokens) is trained as a
@@ -21,17 +21,22 @@ from utils.search.bm25 import BM25
 POOL_PER_PASSAGE = 4  # a question's pool: this many candidates per passage drawn each epoch
 
 
-def ranked_passages(examples: list[dict], passages: list[dict], depth: int) -> list[list[int]]:
-    """Per example, the indices of its `depth` best-ranked passages (BM25)."""
-    _, ranked, _, _ = BM25(passages).search([ex["question"] for ex in examples], depth)
-    return [[int(j) for j in row] for row in ranked]
+def ranked_passages(examples: list[dict], passages: list[dict], depth: int, rank=None) -> list[list[int]]:
+    """Per example, the indices of its `depth` best-ranked passages: BM25's, or `rank(passages, questions, depth)`'s
+    (ids per question, -1: none; train_reader.py --retriever: a trained retriever's, as the QA system ranks)."""
+    questions = [ex["question"] for ex in examples]
+    if rank is None:
+        _, ranked, _, _ = BM25(passages).search(questions, depth)
+    else:
+        ranked = rank(passages, questions, depth)
+    return [[int(j) for j in row if j >= 0] for row in ranked]
 
 
-def passage_pools(examples: list[dict], passages: list[dict], count: int) -> list[list[dict]]:
-    """Per example, its pool: up to POOL_PER_PASSAGE x `count` of its best-ranked passages other than its own
-    paragraph, each {"passage": index, "spans": [(start, end) characters]} (spans empty: a negative)."""
+def passage_pools(examples: list[dict], passages: list[dict], count: int, rank=None) -> list[list[dict]]:
+    """Per example, its pool: up to POOL_PER_PASSAGE x `count` of its best-ranked passages (`ranked_passages`) other
+    than its own paragraph, each {"passage": index, "spans": [(start, end) characters]} (spans empty: a negative)."""
     size = POOL_PER_PASSAGE * count
-    ranked = ranked_passages(examples, passages, size + 20)
+    ranked = ranked_passages(examples, passages, size + 20, rank)
     texts = [normalized(p["text"]) for p in passages]
     pools = []
     for ex, row in zip(examples, ranked):

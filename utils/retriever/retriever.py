@@ -127,14 +127,16 @@ class Retriever:
         check_k(k)
         if not questions:
             return []
+        hits = index.hits(*self.rank(index, questions, k, hybrid))
+        return hits[0] if one else hits
+
+    def rank(self, index: Index, questions: list[str], k: int, hybrid: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, ids): what `search` ranks, as indices into the index's passages (-1: none)."""
         self.check_index(index, f"the index built by {index.model_dir}")
         weight = self.settings.hybrid_dense_weight
         if hybrid and weight is None:
             raise UserError(f"{self.model_dir}: no recorded hybrid dense weight")
         q = self.encode_questions(questions)
         if hybrid:
-            scores, ids = index.hybrid_search(q, questions, k, weight, self.settings.hybrid_candidates)
-        else:
-            scores, ids = index.search(q, k)
-        hits = index.hits(scores, ids)
-        return hits[0] if one else hits
+            return index.hybrid_search(q, questions, k, weight, self.settings.hybrid_candidates)
+        return index.search(q, k)
