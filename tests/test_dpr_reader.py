@@ -105,7 +105,7 @@ def test_a_taught_run_resumes_to_the_same_weights_on_its_checkpointed_readings(t
                                                                                tmp_path):
     """Killed after checkpoint 10, between refreshes (every 7 updates): the resumed run trains on the readings the
     interrupted one checkpointed, and reads only what entered a question's top passages since."""
-    args = ["--max_train_steps", 30, "--checkpointing_steps", 5, "--refresh_negatives_every", 7,
+    args = ["--max_train_steps", 20, "--checkpointing_steps", 5, "--refresh_negatives_every", 7,
             "--mixed_precision", "bf16"]
     ref, out = str(tmp_path / "ref"), str(tmp_path / "killed")
     run_script("train_dpr.py", *reader_args(tiny_bert_dir, shared_reader_dir, ref, 8, *args))
@@ -124,18 +124,19 @@ def test_a_taught_run_resumes_to_the_same_weights_on_its_checkpointed_readings(t
     assert what(resumed) == what(refreshes)
 
 
-@pytest.mark.parametrize("extra", [[], ["--grad_cache_chunk_size", 3, "--window_sentences", 1]],
-                         ids=["plain", "grad_cache+windows"])
-def test_two_processes_are_taught_as_one(tiny_bert_no_dropout_dir, shared_reader_dir, tmp_path, extra):
+def test_two_processes_are_taught_as_one_with_grad_cache_on_sentence_windows(tiny_bert_no_dropout_dir,
+                                                                            shared_reader_dir, tmp_path):
     """Each process reads its chunks of the (question, passage) pairs and every process gets every reading: the
-    losses and weights of 2 processes x 8 are those of 1 x 16 (dropout off; refreshes at epoch 0 and update 2)."""
+    losses and weights of 2 processes x 8 in GradCache chunks of 3 are those of 1 x 16 at once, on sentence windows
+    (the reader reads their passages; dropout off; refreshes at epoch 0 and update 2)."""
     from test_distributed import TOL, assert_updates_close, log, run_ddp
 
     single, ddp = str(tmp_path / "single"), str(tmp_path / "ddp")
-    args = ["--max_train_steps", 4, "--refresh_negatives_every", 2, *extra]
+    args = ["--max_train_steps", 4, "--refresh_negatives_every", 2, "--window_sentences", 1]
     run_script("train_dpr.py", *reader_args(tiny_bert_no_dropout_dir, shared_reader_dir, single, 16, *args),
                env={"OMP_NUM_THREADS": "1"})
-    run_ddp("train_dpr.py", *reader_args(tiny_bert_no_dropout_dir, shared_reader_dir, ddp, 8, *args))
+    run_ddp("train_dpr.py", *reader_args(tiny_bert_no_dropout_dir, shared_reader_dir, ddp, 8, *args,
+                                         "--grad_cache_chunk_size", 3))
     torch.testing.assert_close([r["loss"] for r in log(ddp)], [r["loss"] for r in log(single)], **TOL)
     for side in ("query_encoder", "passage_encoder"):
         assert_updates_close(f"{tiny_bert_no_dropout_dir}/model.safetensors", f"{single}/{side}/model.safetensors",
