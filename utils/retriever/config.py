@@ -2,9 +2,9 @@
 flags, DPRArgs.config) with their checks beside them: `EncoderConfig` (the bi-encoder, how it reads questions and
 passages, the formats it is saved in), `NegativesConfig` (what each question trains against besides its positive),
 `LossConfig` (the contrastive loss and how a step computes it), `ReaderDistillationConfig` (what a trained reader
-adds to it: --reader) and `EvaluationConfig` (what a retriever is ranked on, in which batches). Code below the script reads its settings by name from these, never from the command line's
-namespace. A field's flag has the field's name (`--window_sentences` is `EncoderConfig.window_sentences`): the
-errors name the flag.
+adds to it: --reader) and `EvaluationConfig` (what a retriever is ranked on, in which batches). Code below the
+script reads its settings by name from these, never from the command line's namespace. A field's flag has the
+field's name (`--window_sentences` is `EncoderConfig.window_sentences`): the errors name the flag.
 """
 
 import os
@@ -117,7 +117,8 @@ class ReaderDistillationConfig:
         check_reader_dir(self.reader)
         if not (ReaderSettings.load(self.reader) or ReaderSettings()).shared:
             raise UserError(f"--reader {self.reader}: it was trained a window at a time, so its scores do not compare "
-                            "across passages; give a reader trained with --passages_per_question (shared normalization)")
+                            "across passages; give a reader trained with --passages_per_question (shared "
+                            "normalization)")
         if self.distill_passages < 2:
             raise UserError(f"--distill_passages {self.distill_passages}: give at least 2 (the target is a "
                             "distribution over them)")

@@ -26,7 +26,6 @@ from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader
 
 from utils.files.answers import normalized
-from utils.reader.distillation import distillation_kl
 from utils.files.corpus import key_hash, passage_key, text_key, unique_passages
 from utils.files.dpr import load_dpr, training_passages
 from utils.files.jsonfiles import json_line
@@ -35,6 +34,7 @@ from utils.loop.checkpoints import load_weights
 from utils.loop.grad_cache import grad_cache_step
 from utils.loop.process import bare_model
 from utils.loop.task import Task
+from utils.reader.distillation import distillation_kl
 from utils.retriever.config import EncoderConfig, LossConfig, NegativesConfig, ReaderDistillationConfig
 from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
 from utils.retriever.evaluation import RetrievalEvaluation
@@ -234,7 +234,8 @@ class DPRTask(Task):
                    "passage": take(batch["passage"], s * per_question, (s + size) * per_question)}
                   for s in range(0, n_q, size)]
         return grad_cache_step(accelerator, model, chunks, lambda m, chunk: m(**chunk),
-                               lambda q, p: self._loss(q, p, batch["passage_keys"], batch.get("reader_scores")), weight)
+                               lambda q, p: self._loss(q, p, batch["passage_keys"], batch.get("reader_scores")),
+                               weight)
 
     # --- refreshed hard negatives (ANCE-style) ---
 
@@ -279,8 +280,8 @@ class DPRTask(Task):
         # Which negatives, not only how many changed: two runs agree on a refresh iff their fingerprints agree.
         fingerprint = hashlib.blake2b(np.ascontiguousarray(new, dtype=np.int64).tobytes(), digest_size=6).hexdigest()
         seconds = round(time.perf_counter() - t0, 1)
-        logger.info("refreshed hard negatives (%s): %d of %d changed (fingerprint %s); %d passages encoded, %.1f s%s",
-                    when, changed, old.size, fingerprint, len(self.data.passages), seconds,
+        logger.info("refreshed hard negatives (%s): %d of %d changed (fingerprint %s); %d passages encoded, "
+                    "%.1f s%s", when, changed, old.size, fingerprint, len(self.data.passages), seconds,
                     f"; the reader read {reading['read']} (question, passage) pairs in {reading['read_seconds']} s"
                     if reading else "")
         self.data.refreshes.append({"when": when, "changed": changed, "of": int(old.size), "fingerprint": fingerprint,
