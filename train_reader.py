@@ -203,10 +203,10 @@ def retriever_ranking(retriever_dir: str | None, accelerator):
     (hybrid where it recorded a dense weight); None (BM25) without one."""
     if retriever_dir is None:
         return None
-    retriever = Retriever(retriever_dir, device=str(accelerator.device))
-    hybrid = retriever.settings.hybrid_dense_weight is not None
 
-    def rank(passages, questions, depth):
+    def rank(passages, questions, depth):  # loaded here: only the process that ranks (the main one) loads it
+        retriever = Retriever(retriever_dir, device=str(accelerator.device))
+        hybrid = retriever.settings.hybrid_by_default
         index = retriever.index(passages, bm25=hybrid, progress=False)
         return retriever.rank(index, questions, depth, hybrid)[1]
     return rank

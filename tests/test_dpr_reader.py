@@ -193,7 +193,7 @@ def test_the_loop_a_reader_trained_on_a_retrievers_passages_then_a_retriever_fro
     examples = [{"question": q} for q in questions]
     ranked = ranked_passages(examples, passages, 5, retriever_ranking(retriever_dir, Accelerator(cpu=True)))
     retriever = Retriever(retriever_dir, device="cpu")
-    hybrid = retriever.settings.hybrid_dense_weight is not None
+    hybrid = retriever.settings.hybrid_by_default
     hits = retriever.search(retriever.index(passages, bm25=hybrid, progress=False), questions, 5, hybrid)
     position = {p["passage_id"]: j for j, p in enumerate(passages)}
     assert ranked == [[position[h["passage_id"]] for h in row] for row in hits]

@@ -211,7 +211,7 @@ def build_index(accelerator, retriever: Retriever, passages: str, output_dir: st
     meta = manifest(retriever.built_by(), dtype, retriever.dimension, corpus["passages"], shards, bm25=False,
                     complete=True, corpus=corpus)
     if accelerator.is_main_process:
-        meta["bm25"] = bm25 if bm25 is not None else retriever.settings.hybrid_dense_weight is not None
+        meta["bm25"] = bm25 if bm25 is not None else retriever.settings.hybrid_by_default
         if meta["bm25"]:  # by this process alone (one index over every passage: bm25s builds it in one piece), the
             # others waiting below, for as long as --process_group_timeout allows
             parts = [map_shard(output_dir, meta, s)[2] for s in shards]

@@ -37,6 +37,11 @@ class RetrieverSettings:
     # way by default, so that it ranks exactly as the run's rankings.jsonl.
     precision: str = "no"
 
+    @property
+    def hybrid_by_default(self) -> bool:
+        """The ranking it is used with unless asked otherwise: the hybrid where a dense weight was tuned."""
+        return self.hybrid_dense_weight is not None
+
     def save(self, directory: str) -> None:
         with open(os.path.join(directory, SETTINGS_FILE), "w") as f:
             json.dump(asdict(self), f, indent=1)

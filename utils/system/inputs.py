@@ -131,7 +131,7 @@ def build_system(config: SystemConfig, accelerator=None, passages: list[dict] | 
                         unanswerable_share=config.unanswerable_share)
     retriever = Retriever(config.retriever, device=device, batch_size=config.batch_size, precision=config.precision)
     if index is None:
-        hybrid = retriever.settings.hybrid_dense_weight is not None if config.hybrid is None else config.hybrid
+        hybrid = retriever.settings.hybrid_by_default if config.hybrid is None else config.hybrid
         if index_dir is None:
             index = retriever.index(passages if passages is not None else config.passages, bm25=hybrid,
                                     progress=progress)

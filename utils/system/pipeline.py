@@ -60,7 +60,7 @@ class QASystem:
             return
         self.retriever = retriever if isinstance(retriever, Retriever) else Retriever(
             retriever, device=device, batch_size=batch_size, precision=precision)
-        self.hybrid = self.retriever.settings.hybrid_dense_weight is not None if hybrid is None else hybrid
+        self.hybrid = self.retriever.settings.hybrid_by_default if hybrid is None else hybrid
         if index is None:
             index = self.retriever.index(passages, bm25=self.hybrid, progress=progress)
         elif isinstance(index, Index):
