@@ -13,6 +13,7 @@ import torch
 from conftest import SAMPLE, assert_same_weights, assert_user_error, run_killed_at_checkpoint, run_script
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
+from utils.reader.decoding import decode_spans
 from utils.reader.trained import Reader
 from utils.retriever.config import LossConfig, ReaderDistillationConfig
 from utils.retriever.dpr_task import DPRTask
@@ -55,6 +56,18 @@ def test_the_target_is_each_passages_share_of_the_readers_answer_probability_by_
         [{"id": str(i), "question": QUESTION, "context": t} for i, t in enumerate(PASSAGES)])
     scores = np.array([passage_log_probability(decoded[str(i)]) for i in range(len(PASSAGES))])
     np.testing.assert_allclose(softmax(scores), by_hand, rtol=1e-5)
+
+
+def test_a_passage_the_reader_rules_out_keeps_a_finite_target_from_its_context_tokens():
+    """Where the no-answer holds all but e^-40 of a window's mass, log(e^lse - e^null) is lost to float64 (it was
+    -inf, and a -inf reading is taken for no passage: left out of the KL, so the retriever was never taught to rank
+    such a passage lower). The score is the log-sum-exp over the context tokens themselves, by hand."""
+    offsets = [None, None, (0, 3), (4, 9), (10, 15), None]  # [CLS], a question token, 3 context tokens, [SEP]
+    start, end = np.array([40.0, -5.0, 0.0, -1.0, -2.0, -5.0]), np.array([38.0, -5.0, -3.0, 0.5, -1.0, -5.0])
+    reading = decode_spans(["q"], ["q"], [offsets], [start], [end], contexts={"q": "abc defgh ijklm"}, shared=True)["q"]
+    by_hand = np.log(np.exp(start[2:5]).sum()) + np.log(np.exp(end[2:5]).sum())
+    assert np.isfinite(passage_log_probability(reading))
+    np.testing.assert_allclose(passage_log_probability(reading), by_hand, rtol=1e-12)
 
 
 def test_a_questions_row_takes_its_first_distinct_passages_by_their_best_window():

@@ -18,7 +18,9 @@ probability up to the same normalisers, so `null_minus_best` is the log ratio of
 best span's. (Scoring a span by its best window alone would tilt a passage longer than a window towards abstaining
 by up to twice the log of its number of windows.) Every example also carries what combining passages
 needs: `null_start`/`null_end` (those log-sum-exps) and `lse_start`/`lse_end` (the log-sum-exp over every position
-a start or end may take: context tokens and [CLS]).
+a start or end may take: context tokens and [CLS]); and `context_start`/`context_end`, the log-sum-exp over the
+context tokens alone (what a passage's share of the answer is: exact where the no-answer holds nearly all the mass,
+which lse minus null is not).
 """
 
 from collections import defaultdict
@@ -48,7 +50,7 @@ def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits
     results = {}
     for ex_id in example_ids:
         spans, null_score = {}, np.inf  # (start char, end char) -> best score of that span over the windows
-        cls_s, cls_e, all_s, all_e, read = [], [], [], [], []
+        cls_s, cls_e, all_s, all_e, ctx_s, ctx_e, read = [], [], [], [], [], [], []
         for f in windows[ex_id]:
             starts, ends, offsets = np.asarray(start_logits[f]), np.asarray(end_logits[f]), windows_offsets[f]
             n = min(len(offsets), len(starts))
@@ -60,6 +62,8 @@ def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits
             cls_e.append(ends[0])
             all_s.append(logsumexp(starts[allowed]))
             all_e.append(logsumexp(ends[allowed]))
+            ctx_s.append(logsumexp(starts[allowed[1:]]))
+            ctx_e.append(logsumexp(ends[allowed[1:]]))
             top_starts = np.argsort(starts[:n])[::-1][:n_best_size]
             top_ends = np.argsort(ends[:n])[::-1][:n_best_size]
             for s in top_starts:
@@ -78,7 +82,7 @@ def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits
         nbest = [{"text": contexts[ex_id][a:b], "score": score, "start": a, "end": b} for (a, b), score in best]
         top = nbest[0] if nbest else {"text": "", "score": -np.inf}
         stats = {"null_start": logsumexp(cls_s), "null_end": logsumexp(cls_e), "lse_start": logsumexp(all_s),
-                 "lse_end": logsumexp(all_e)}
+                 "lse_end": logsumexp(all_e), "context_start": logsumexp(ctx_s), "context_end": logsumexp(ctx_e)}
         if shared:
             null_score = stats["null_start"] + stats["null_end"]
         results[ex_id] = {"text": top["text"], "score": top["score"], "null_score": null_score,

@@ -23,7 +23,6 @@ whatever the number of processes, and every process gets every reading (so 2 pro
 and a resumed run on the interrupted one's).
 """
 
-import math
 import time
 
 import numpy as np
@@ -38,20 +37,12 @@ from utils.retriever.config import ReaderDistillationConfig
 CHUNK = 64  # (question, passage) pairs read together: a constant, so a pair's batch does not depend on the processes
 
 
-def context_log_mass(lse: float, null: float) -> float:
-    """log(exp(lse) - exp(null)): the mass of a softmax's positions but the no-answer, from the log-sum-exp over all
-    of them (`lse`) and over the no-answer's (`null`); -inf when the no-answer holds it all."""
-    if null >= lse:
-        return -math.inf
-    return lse + math.log1p(-math.exp(null - lse))
-
-
 def passage_log_probability(reading: dict) -> float:
     """log P(the answer starts in the passage) + log P(it ends in it), up to the question's normalisers: the share
     of a shared-normalization reader's start and end softmaxes on the passage's context tokens (`reading`: its
-    decoding's "lse_start", "null_start", "lse_end", "null_end")."""
-    return (context_log_mass(reading["lse_start"], reading["null_start"])
-            + context_log_mass(reading["lse_end"], reading["null_end"]))
+    decoding's "context_start" and "context_end", the log-sum-exps over those tokens; finite however much of the
+    mass the no-answer holds, so a passage the reader rules out gets a target near 0, not no target)."""
+    return reading["context_start"] + reading["context_end"]
 
 
 def top_passages(ranked: np.ndarray, unit_keys: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
