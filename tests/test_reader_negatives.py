@@ -72,3 +72,48 @@ def test_negatives_need_their_corpus_and_a_retriever_its_passages(tiny_bert_dir,
                       tiny_bert_dir, check=False)
     assert_user_error(proc, f"--retriever {tiny_bert_dir}: not a retriever trained by train_dpr.py")
     assert not os.path.exists(tmp_path / "o")
+
+
+RANK_IN_TWO_PROCESSES = '''
+import json, os, sys
+sys.path.insert(0, {root!r})
+from accelerate import Accelerator
+from transformers import AutoTokenizer
+from utils.files.corpus import load_passages
+from utils.files.squad import load_squad
+from utils.reader.config import WindowConfig
+from utils.reader.negative_passages import with_negative_passages
+from utils.reader.passages import ranked_passages
+from utils.reader.windows_cache import tokenize_windows
+
+out = sys.argv[1]
+acc = Accelerator(cpu=True)
+calls = []
+
+def rank(passages, questions, depth):  # BM25's ranking, counted: what a trained retriever's encoder would cost
+    calls.append(len(questions))
+    return ranked_passages([{{"question": q}} for q in questions], passages, depth)
+
+examples, _ = load_squad({sample!r} + "/train.json")
+tok = AutoTokenizer.from_pretrained(sys.argv[2])
+config = WindowConfig(max_seq_length=128, doc_stride=32, max_query_length=32, cache_dir=os.path.join(out, "cache"))
+windows = tokenize_windows(acc, tok, examples, config, labels="answer")
+together, epoch_items, pool = with_negative_passages(acc, tok, config, examples, windows,
+                                                     load_passages({sample!r} + "/dpr_passages.jsonl"), 1, 42, rank)
+json.dump({{"calls": calls, "pool": pool, "epoch0": epoch_items(0).tolist()}},
+          open(os.path.join(out, f"rank{{acc.process_index}}.json"), "w"))
+'''
+
+
+def test_negative_pools_are_ranked_by_the_main_process_alone_and_shared(tmp_path, minilm_dir):
+    """2 processes: the corpus is ranked once, by process 0 (a trained retriever's ranking loads its model and
+    encodes the corpus: not work to repeat on every process), and both train on the same pools."""
+    from test_distributed import run_ddp
+
+    script = tmp_path / "rank_in_two_processes.py"
+    script.write_text(RANK_IN_TWO_PROCESSES.format(root=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                   sample=SAMPLE))
+    run_ddp(str(script), tmp_path, minilm_dir)
+    first, second = (json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1))
+    assert len(first["calls"]) == 1 and second["calls"] == []
+    assert first["pool"] == second["pool"] > 0 and first["epoch0"] == second["epoch0"]

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, InitProcessGroupKwargs, set_seed
+from accelerate.utils import DistributedType, InitProcessGroupKwargs, broadcast_object_list, set_seed
 
 from utils.errors import UserError
 from utils.loop.config import LoopConfig
@@ -92,6 +92,15 @@ def setup(config: LoopConfig, training: bool = True) -> Accelerator:
                    f"= {bs * k * n} per update")
     accelerator.print(f"{layout}, output_dir={config.output_dir}")
     return accelerator
+
+
+def main_process_result(accelerator, compute):
+    """`compute()` run by the main process alone, its result given to every process: for work whose answer every
+    process needs the same, and that would multiply the memory and time by the processes if each did it (ranking a
+    corpus, with BM25 or a trained retriever's encoder). The others wait in the broadcast, for as long as
+    --process_group_timeout allows."""
+    result = compute() if accelerator.is_main_process else None
+    return broadcast_object_list([result])[0] if accelerator.num_processes > 1 else result
 
 
 def shards_parameters(distributed_type, zero_stage) -> bool:

@@ -4,8 +4,8 @@ each training question with its own paragraph and M - 1 of its retrieved passage
 all their passages (utils.reader.shared_norm.group_batch)."""
 
 import numpy as np
-from accelerate.utils import broadcast_object_list
 
+from utils.loop.process import main_process_result
 from utils.reader.config import WindowConfig
 from utils.reader.passages import drawn, passage_pools
 from utils.reader.shared_norm import group_batch
@@ -24,11 +24,9 @@ class QuestionGroups:
         it reads each epoch, drawn with `seed`; `rank`: how the corpus is ranked (utils.reader.passages)."""
         self.passages_per_question, self.seed, self.pad = passages_per_question, seed, tokenizer.pad_token_id
         self.count = passages_per_question - 1  # retrieved passages read with each question in an epoch
-        # The others wait in the broadcast meanwhile, for as long as --process_group_timeout allows. Not shared out:
-        # every process would hold BM25 over the whole corpus to rank its share of the questions, which multiplies
-        # the memory by the processes for no gain in time.
-        pools = passage_pools(examples, passages, self.count, rank) if accelerator.is_main_process else None
-        self.pools = broadcast_object_list([pools])[0] if accelerator.num_processes > 1 else pools
+        # Not shared out: every process would hold BM25 (or the retriever) over the whole corpus to rank its share of
+        # the questions, which multiplies the memory by the processes for no gain in time.
+        self.pools = main_process_result(accelerator, lambda: passage_pools(examples, passages, self.count, rank))
         self.answerable = [bool(ex["answers"]["text"]) for ex in examples]
         pairs, self.first_pair = [], []
         for q, (ex, pool) in enumerate(zip(examples, self.pools)):

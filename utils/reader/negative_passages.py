@@ -12,6 +12,7 @@ import datasets
 import numpy as np
 
 from utils.files.answers import answer_patterns, holds_answer, normalized
+from utils.loop.process import main_process_result
 from utils.reader.config import WindowConfig
 from utils.reader.passages import ranked_passages
 from utils.reader.windows_cache import tokenize_windows
@@ -60,7 +61,8 @@ def with_negative_passages(accelerator, tokenizer, window_config: WindowConfig, 
     """(training windows, epoch -> window indices, pool size): `windows` (those of `examples`) followed by one
     unanswerable window per pool passage of `passages` (the corpus), and each epoch's choice (every real window,
     `count` negatives drawn per question with `seed`); `rank`: ranked_passages'."""
-    pools = negative_pools(examples, passages, count, rank)
+    # Ranked once, by the main process, and shared: as utils.reader.groups does, for the same reason.
+    pools = main_process_result(accelerator, lambda: negative_pools(examples, passages, count, rank))
     negatives = tokenize_windows(accelerator, tokenizer, negative_examples(examples, passages, pools), window_config,
                                  labels="answer", one_window=True)
     columns = [c for c in windows.column_names if c in negatives.column_names]
