@@ -1,5 +1,5 @@
 """A reader trained for retrieval: negative passages hold no answer string, are drawn anew each epoch under the seed,
-and a run killed mid-way resumes to the same weights."""
+are ranked once (by the main process) for every process, and a run killed mid-way resumes to the same weights."""
 
 import json
 import os
@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from conftest import SAMPLE, assert_same_weights, assert_user_error, run_killed_at_checkpoint, run_script
+from test_distributed import run_ddp
 from utils.reader.negative_passages import epoch_negatives, negative_pools
 from utils.files.squad import load_squad
 from utils.files.answers import answer_patterns, holds_answer, normalized
@@ -108,8 +109,6 @@ json.dump({{"calls": calls, "pool": pool, "epoch0": epoch_items(0).tolist()}},
 def test_negative_pools_are_ranked_by_the_main_process_alone_and_shared(tmp_path, minilm_dir):
     """2 processes: the corpus is ranked once, by process 0 (a trained retriever's ranking loads its model and
     encodes the corpus: not work to repeat on every process), and both train on the same pools."""
-    from test_distributed import run_ddp
-
     script = tmp_path / "rank_in_two_processes.py"
     script.write_text(RANK_IN_TWO_PROCESSES.format(root=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                    sample=SAMPLE))
