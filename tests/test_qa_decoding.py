@@ -67,3 +67,20 @@ def test_a_log_sum_exp_over_nothing_but_minus_infinity_is_minus_infinity():
     assert logsumexp([]) == logsumexp(np.full(3, -np.inf, dtype=np.float32)) == -math.inf
     assert logsumexp(iter([-math.inf])) == -math.inf  # any iterable, as the answer rule passes them
     assert logsumexp([0.0, 0.0]) == math.log(2) and logsumexp([1.0, math.inf]) == math.inf
+
+
+def test_the_n_best_are_every_allowed_pair_ranked_by_score():
+    """With n_best_size covering every token, the n-best list is every span a window allows (a context start at or
+    before a context end, within max_answer_length tokens) ranked by start + end logit, whichever rule reads it."""
+    rng = np.random.default_rng(0)
+    start, end = rng.normal(size=len(OFFSETS)).astype(np.float32), rng.normal(size=len(OFFSETS)).astype(np.float32)
+    context = [k for k, o in enumerate(OFFSETS) if o is not None]
+    pairs = [(s, e) for s in context for e in context if s <= e < s + 4]
+    by_hand = sorted(((OFFSETS[s][0], OFFSETS[e][1]), float(start[s]) + float(end[e])) for s, e in pairs)
+    by_hand.sort(key=lambda item: -item[1])
+    for shared in (False, True):
+        out = decode_spans(["q"], ["q"], [OFFSETS], [start], [end], n_best_size=len(OFFSETS), max_answer_length=4,
+                           contexts={"q": CONTEXT}, shared=shared)["q"]
+        got = [((n["start"], n["end"]), n["score"]) for n in out["nbest"]]
+        assert [span for span, _ in got] == [span for span, _ in by_hand[:len(OFFSETS)]]
+        assert np.allclose([score for _, score in got], [score for _, score in by_hand[:len(OFFSETS)]], rtol=0, atol=1e-6)

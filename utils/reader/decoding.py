@@ -54,27 +54,28 @@ def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits
         for f in windows[ex_id]:
             starts, ends, offsets = np.asarray(start_logits[f]), np.asarray(end_logits[f]), windows_offsets[f]
             n = min(len(offsets), len(starts))
+            context = np.array([o is not None for o in offsets[:n]], dtype=bool)  # the tokens a span may take
+            tokens = np.flatnonzero(context)
             if shared:
-                read.append((starts, ends, *_token_at(offsets, n)))
+                read.append((starts, ends, *_token_at(offsets, tokens)))
             null_score = min(null_score, float(starts[0] + ends[0]))
-            allowed = [0] + [k for k in range(n) if offsets[k] is not None]
             cls_s.append(starts[0])
             cls_e.append(ends[0])
-            all_s.append(logsumexp(starts[allowed]))
-            all_e.append(logsumexp(ends[allowed]))
-            ctx_s.append(logsumexp(starts[allowed[1:]]))
-            ctx_e.append(logsumexp(ends[allowed[1:]]))
+            all_s.append(logsumexp(np.append(starts[0], starts[tokens])))
+            all_e.append(logsumexp(np.append(ends[0], ends[tokens])))
+            ctx_s.append(logsumexp(starts[tokens]))
+            ctx_e.append(logsumexp(ends[tokens]))
+            # Every pair of the n best starts and ends at once; the spans a window allows are kept at their best score.
             top_starts = np.argsort(starts[:n])[::-1][:n_best_size]
             top_ends = np.argsort(ends[:n])[::-1][:n_best_size]
-            for s in top_starts:
-                if offsets[s] is None:
-                    continue
-                for e in top_ends:
-                    if offsets[e] is None or e < s or e - s + 1 > max_answer_length:
-                        continue
-                    span, score = (offsets[s][0], offsets[e][1]), float(starts[s] + ends[e])
-                    if score > spans.get(span, -np.inf):
-                        spans[span] = score
+            s, e = top_starts[:, None], top_ends[None, :]
+            kept = context[s] & context[e] & (e >= s) & (e - s + 1 <= max_answer_length)
+            rows, columns = np.nonzero(kept)  # row-major: the order the pairs were once looped in
+            s, e = top_starts[rows], top_ends[columns]
+            for a, b, score in zip(s.tolist(), e.tolist(), (starts[s] + ends[e]).tolist()):
+                span = (offsets[a][0], offsets[b][1])
+                if score > spans.get(span, -np.inf):
+                    spans[span] = score
         if shared:  # each candidate scored over every window that holds it, as the loss sums it
             spans = {span: _summed_over_windows(span, read) for span in spans}
         # Best first; among equal scores the earlier span.
@@ -90,15 +91,13 @@ def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits
     return results
 
 
-def _token_at(offsets, n) -> tuple[dict, dict]:
-    """A window's context tokens by the character a span starts at and the one it ends at: the tokens the training
-    labels take (utils.reader.windows.prepare_windows: where characters are shared, the last token starting
-    at or before the span's start, the first ending at or after its end)."""
-    start_at, end_at = {}, {}
-    for k in range(n):
-        if offsets[k] is not None:
-            start_at[offsets[k][0]] = k
-            end_at.setdefault(offsets[k][1], k)
+def _token_at(offsets, tokens) -> tuple[dict, dict]:
+    """A window's context tokens (`tokens`, in order) by the character a span starts at and the one it ends at: the
+    tokens the training labels take (utils.reader.windows.prepare_windows: where characters are shared, the last
+    token starting at or before the span's start, the first ending at or after its end)."""
+    tokens = tokens.tolist()
+    start_at = dict(zip((offsets[k][0] for k in tokens), tokens))  # the last token of each start wins
+    end_at = dict(zip((offsets[k][1] for k in reversed(tokens)), reversed(tokens)))  # the first of each end wins
     return start_at, end_at
 
 
@@ -108,6 +107,8 @@ def _summed_over_windows(span, read) -> float:
     a, b = span
     held = [(starts[start_at[a]], ends[end_at[b]]) for starts, ends, start_at, end_at in read
             if a in start_at and b in end_at and start_at[a] <= end_at[b]]
+    if len(held) == 1:  # the log-sum-exp of one value is that value
+        return float(held[0][0]) + float(held[0][1])
     return logsumexp(s for s, _ in held) + logsumexp(e for _, e in held)
 
 
