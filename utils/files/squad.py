@@ -46,6 +46,23 @@ def load_questions(path: str, need_context: bool = True) -> list[dict]:
     return flat
 
 
+def squad_document(questions: list[dict]) -> dict:
+    """Labelled questions in the flat layout (`load_squad`) as a SQuAD v2.0 document: an article per run of one
+    title, a paragraph per run of one context, in the questions' order; an unanswerable question with
+    `is_impossible` true. Read back by `load_squad`, it gives the same questions."""
+    data = []
+    for q in questions:
+        if not data or data[-1]["title"] != q["title"]:
+            data.append({"title": q["title"], "paragraphs": []})
+        paragraphs = data[-1]["paragraphs"]
+        if not paragraphs or paragraphs[-1]["context"] != q["context"]:
+            paragraphs.append({"context": q["context"], "qas": []})
+        answers = [{"text": t, "answer_start": s} for t, s in zip(q["answers"]["text"], q["answers"]["answer_start"])]
+        paragraphs[-1]["qas"].append({"id": q["id"], "question": q["question"], "answers": answers,
+                                      "is_impossible": not answers})
+    return {"version": "v2.0", "data": data}
+
+
 def _load(path: str, labelled: bool | None, need_context: bool) -> tuple[list[dict], int]:
     """`labelled`: True: answers required; False: ignored where absent; None: kept as None where absent."""
     raw, lines = read_json(path, line_numbers=True)

@@ -3,11 +3,11 @@ set carved off by whole articles when no dev file is given."""
 
 import logging
 import random
-from collections import defaultdict
 
 import datasets
 
 from utils.errors import UserError
+from utils.files.folds import article_of, articles_of
 from utils.files.squad import load_squad
 from utils.reader.config import DataConfig
 
@@ -16,17 +16,14 @@ logger = logging.getLogger("qa-amp")
 
 def split_by_article(examples: list[dict], dev_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
     """Carve a dev set off by whole articles (title), so no paragraph is in both halves."""
-    by_title = defaultdict(list)
-    for ex in examples:
-        by_title[ex["title"] or ex["context"]].append(ex)
-    titles = sorted(by_title)
+    titles = sorted(articles_of(examples))
     if len(titles) < 2:
         raise UserError("--dev_split needs at least two articles (titles) in the train file")
     random.Random(seed).shuffle(titles)
     n_dev = min(len(titles) - 1, max(1, round(dev_fraction * len(titles))))
     dev_titles = set(titles[:n_dev])
-    train = [ex for ex in examples if (ex["title"] or ex["context"]) not in dev_titles]
-    dev = [ex for ex in examples if (ex["title"] or ex["context"]) in dev_titles]
+    train = [ex for ex in examples if article_of(ex) not in dev_titles]
+    dev = [ex for ex in examples if article_of(ex) in dev_titles]
     return train, dev
 
 

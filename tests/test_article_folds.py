@@ -1,0 +1,72 @@
+"""Folds of whole articles (utils.files.folds) and the fold files a recipe is cross-validated on
+(scripts/article_folds.py)."""
+
+import json
+import os
+
+import pytest
+from conftest import SAMPLE, assert_user_error, run_script
+
+from utils.errors import UserError
+from utils.files.folds import article_folds, cross_fit_folds
+from utils.files.squad import load_squad, squad_document
+
+
+def questions(*articles):
+    """(title, answerable, unanswerable) -> flat labelled questions, in that order."""
+    out = []
+    for title, answerable, unanswerable in articles:
+        for i in range(answerable + unanswerable):
+            answers = {"text": ["a"], "answer_start": [0]} if i < answerable else {"text": [], "answer_start": []}
+            out.append({"id": f"{title}{i}", "title": title, "context": f"{title} text", "question": "?",
+                        "answers": answers})
+    return out
+
+
+def test_each_article_goes_whole_to_one_fold_the_ones_with_unanswerable_questions_first():
+    qs = questions(("T1", 3, 0), ("T2", 1, 1), ("T3", 2, 2), ("T4", 1, 0))
+    folds = article_folds(qs, 2)
+    # by hand: T2 (2) -> fold 0, T3 (4) -> fold 1; then T1 (3) -> fold 0 (2 < 4), T4 (1) -> fold 1 (4 < 5).
+    # In file order alone, T1 and T4 would make a fold without an unanswerable question.
+    assert [[q["id"] for q in fold] for fold in folds] == [
+        ["T20", "T21", "T10", "T11", "T12"], ["T30", "T31", "T32", "T33", "T40"]]
+    assert cross_fit_folds(qs) == folds
+    assert cross_fit_folds(questions(("T1", 2, 2))) is None  # one article: nothing to cross-fit over
+    with pytest.raises(UserError, match=r"1 article\(s\): 2 folds of whole articles need at least 2"):
+        article_folds(questions(("T1", 2, 2)), 2)
+
+
+def test_a_squad_document_reads_back_as_the_same_questions(tmp_path):
+    examples, _ = load_squad(f"{SAMPLE}/train.json")
+    path = tmp_path / "again.json"
+    path.write_text(json.dumps(squad_document(examples)))
+    assert load_squad(str(path)) == (examples, 0)
+
+
+def test_the_fold_files_train_on_the_other_articles_with_their_passages_only(tmp_path):
+    out = tmp_path / "folds"
+    proc = run_script("scripts/article_folds.py", f"{SAMPLE}/train.json", "--folds", 3,
+                      "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--output_dir", out)
+    examples, _ = load_squad(f"{SAMPLE}/train.json")
+    folds = article_folds(examples, 3)
+    corpus = [json.loads(line) for line in open(f"{SAMPLE}/dpr_passages.jsonl")]
+    for i, fold in enumerate(folds):
+        held, _ = load_squad(str(out / f"fold{i}-heldout.json"))
+        train, _ = load_squad(str(out / f"fold{i}-train.json"))
+        assert held == fold and train == [q for j, f in enumerate(folds) if j != i for q in f]
+        titles = {q["title"].replace("_", " ") for q in train}
+        passages = json.load(open(out / f"fold{i}-passages.json"))
+        assert passages and all(p["title"].replace("_", " ") in titles for p in passages)
+        assert len(passages) == sum(p["title"].replace("_", " ") in titles for p in corpus)
+        assert f"fold {i}: held out" in proc.stdout
+    # a directory that holds anything is refused, and what it holds is left as it was
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    proc = run_script("scripts/article_folds.py", f"{SAMPLE}/train.json", "--output_dir", tmp_path / "mine",
+                      check=False)
+    assert_user_error(proc, "exists and is not an empty directory")
+    assert os.listdir(tmp_path / "mine") == ["notes.txt"]
+    proc = run_script("scripts/article_folds.py", f"{SAMPLE}/train.json", "--folds", 1, "--output_dir",
+                      tmp_path / "one", check=False)
+    assert_user_error(proc, "--folds must be at least 2")
+    assert not (tmp_path / "one").exists()
