@@ -9,11 +9,14 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       with labelled questions it reports, for k = 1, 3, 5, 10 passages read, end-to-end EM/F1 (total, HasAns,
       NoAns), the retriever's recall@k of an answer-bearing passage, the reader's F1 on the gold paragraphs (the
       ceiling) and questions/s. The no-answer threshold and the weight of the retriever's score in the answer are
-      tuned, and the probability of no answer calibrated, on --validation_file for each k (here the same file: an
-      upper bound, and said so): give the row's settings to serve.py as --no_answer_threshold, --retriever_weight
-      and --no_answer_calibration. docs/RESULTS.md has the numbers. With --unanswerable_share S (the share of
-      questions expected to have no answer, where it differs from --validation_file's) each k's threshold and
-      calibration move to S by its odds (utils/system/answer.py) and the rows are scored there.
+      tuned, and the probability of no answer calibrated, on --validation_file for each k: the weight with the best
+      F1 cross-fitted over two folds of its whole articles (each fold answered at the threshold tuned on the
+      other), then the threshold on all of it. Here it is the same file: the rows are an upper bound, said so, and
+      each also comes cross-fitted (each fold answered at the weight and threshold tuned on the other). Give the
+      row's settings to serve.py as --no_answer_threshold, --retriever_weight and --no_answer_calibration.
+      docs/RESULTS.md has the numbers. With --unanswerable_share S (the share of questions expected to have no
+      answer, where it differs from --validation_file's) each k's threshold and calibration move to S by its odds
+      (utils/system/answer.py) and the rows are scored there.
 
   python qa_system.py --retriever bm25 --reader outputs/reader-squad --passages corpus.jsonl \
       --questions questions.jsonl --no_answer_threshold -3.2 --output_dir outputs/qa-bm25
@@ -41,6 +44,7 @@ from accelerate.utils import gather_object
 
 from utils.errors import UserError, exit_on_user_error
 from utils.files.corpus import load_passages
+from utils.files.folds import cross_fit_folds
 from utils.files.jsonfiles import json_line, write_json
 from utils.files.squad import load_questions
 from utils.loop.args import arg, parse_args, process_group_timeout_arg
@@ -50,8 +54,8 @@ from utils.reader.trained import fingerprint
 from utils.search.index import Index
 from utils.system.answer import READING_STATS, at_share, combine
 from utils.system.inputs import SystemArgs, build_system
-from utils.system.measure import (combined_at, fit_calibration, labelled, questions_per_second, reading_share, recall,
-                                  scores, tune, weight_grid)
+from utils.system.measure import (combined_at, crossfit, fit_calibration, labelled, questions_per_second,
+                                  reading_share, recall, scores, tune, weight_grid)
 from utils.system.pipeline import QASystem, answer_of
 
 logger = logging.getLogger("qa-amp")
@@ -63,7 +67,9 @@ class QAArgs(SystemArgs):
                                "JSON lines of {id, question} (optionally context, answers). Every question needs an id.")
     validation_file: Optional[str] = arg(None, "Labelled SQuAD JSON to tune the system's no-answer threshold and "
                                                "weights on, for each number of passages read (instead of "
-                                               "--no_answer_threshold; each weight too unless given).")
+                                               "--no_answer_threshold; each weight too unless given): the weight "
+                                               "cross-fitted over two folds of its whole articles, the threshold "
+                                               "on all of it.")
     top_k: int = arg(5, "Passages read per question for predictions.json (at most the corpus).")
     eval_k: list[int] = field(default_factory=lambda: [1, 3, 5, 10], metadata={
         "help": "The numbers of passages read that the measurement reports (one retrieval, one reading, at the "
@@ -173,13 +179,18 @@ def main(argv=None):
         is_labelled = labelled(questions)
         gold = read_gold(accelerator, system, questions) if is_labelled and all(q["context"] for q in questions) \
             else None
-        v_readings = v_gold = None
+        v_readings = v_gold = v_folds = None
         if args.no_answer_threshold is None and validation is not None:
             v_readings = readings if same_file else answer_all(accelerator, system, validation, k, [k])[1]
             v_gold = gold if same_file else read_gold(accelerator, system, validation)
+            v_folds = cross_fit_folds(validation)
         source = ("given" if args.no_answer_threshold is not None else
-                  "tuned on this very file: an upper bound" if same_file else
+                  "tuned on this very file: an upper bound (crossfit: each half of its articles answered as tuned on "
+                  "the other)" if same_file else
                   f"tuned on {args.validation_file}" if validation is not None else "the reader's recorded threshold")
+        if v_readings is not None and args.retriever_weight is None:
+            source += ("; the weight cross-fitted over two folds of its articles" if v_folds else
+                       "; the weight tuned on it as a whole (one article: no folds)")
 
         def tuned(tuning_readings, kk, fuse=True):
             """(retriever weight, threshold, calibration) at kk: given, tuned and fitted on the
@@ -192,11 +203,25 @@ def main(argv=None):
             if tuning_readings is None:
                 return weight, system.recorded_threshold, given
             grid = weight_grid(args.retriever_weight) if fuse else [weight]
-            weight, threshold = tune(validation, lambda w: combined_at(tuning_readings, kk, system.shared, w), grid)
+            weight, threshold = tune(validation, lambda w: combined_at(tuning_readings, kk, system.shared, w), grid,
+                                     v_folds)
             if given or (not fuse and args.unanswerable_share is None):  # the ceiling needs none unless moved
                 return weight, threshold, given
             fitted = fit_calibration(validation, combined_at(tuning_readings, kk, system.shared, weight))
             return weight, threshold, fitted
+
+        def crossfitted(kk):
+            """EM/F1 of the validation questions (here the questions answered), each fold of whole articles answered
+            at the weight and threshold tuned on the other, as tuned() tunes them: the row's score on articles it was
+            not tuned on, where the row itself is an upper bound."""
+            of = {q["id"]: r for q, r in zip(validation, v_readings)}
+
+            def combined(qs, weight):
+                return combined_at([of[q["id"]] for q in qs], kk, system.shared, weight)
+
+            grid = weight_grid(args.retriever_weight)
+            return crossfit(v_folds, lambda others: tune(others, lambda w: combined(others, w), grid,
+                                                         cross_fit_folds(others)), combined)[0]
 
         def moved(threshold, calibration):
             """(threshold, calibration, why not moved) at --unanswerable_share. A calibration fitted with a slope not
@@ -231,6 +256,8 @@ def main(argv=None):
                 row.update(scores(questions, combined, applied[kk][1]))
                 if args.unanswerable_share is not None:  # what the share changed: the same answers, as tuned
                     row["at_threshold"] = headline(scores(questions, combined, threshold))
+                if same_file and v_folds:
+                    row["crossfit"] = headline(crossfitted(kk))
             rows.append(row)
         ceiling = None
         if gold is not None:

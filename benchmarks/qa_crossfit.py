@@ -1,11 +1,12 @@
 """The QA system's scores with a no-answer threshold it was not tuned on: two-fold cross-fitting by article.
 
 qa_system.py tunes its threshold on --validation_file; when that is the file being scored (the shared dev set is
-the only labelled file beside the training data) the score is an upper bound. This re-scores a finished run from
-its details.jsonl (each passage's best span and null score), without reading again: the articles are split into
-two halves (each article, in file order, to the half with fewer questions so far; an article's questions stay
-together, so what is tuned on one half is scored on articles it never saw, as a user's questions are), the
-threshold is tuned on one half and applied to the other, and the answers of both halves are scored together.
+the only labelled file beside the training data) its rows are an upper bound (qa_system.py then also gives each row
+cross-fitted). This re-scores a finished run from its details.jsonl (each passage's best span and null score),
+without reading again, and goes further: the articles are split into two halves of whole articles
+(utils.files.folds: what is tuned on one half is scored on articles it never saw, as a user's questions are), the
+threshold is tuned on one half and applied to the other, and the answers of both halves are scored together
+(utils.system.measure.crossfit).
 
     python benchmarks/qa_crossfit.py --run outputs/qa --questions ../shared/data/squad/dev.json
 
@@ -37,22 +38,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.files.folds import article_folds, articles_of, cross_fit_folds  # noqa: E402
 from utils.files.squad import load_questions  # noqa: E402
 from utils.system.answer import READING_STATS, at_share, calibrated  # noqa: E402
-from utils.system.measure import combined_at, fit_calibration, scores, tune, weight_grid  # noqa: E402
-
-
-def halves_of(questions: list[dict]) -> tuple[list[list[dict]], int]:
-    """(the two halves, the number of articles): each article (the questions of one title, as
-    utils.files.squad.load_questions gives them), in file order, goes whole to the half with fewer questions so far
-    (the first on a tie)."""
-    articles = {}
-    for q in questions:
-        articles.setdefault(q["title"], []).append(q)
-    halves = [[], []]
-    for article in articles.values():
-        halves[int(len(halves[1]) < len(halves[0]))] += article
-    return halves, len(articles)
+from utils.system.measure import combined_at, crossfit, fit_calibration, scores, tune, weight_grid  # noqa: E402
 
 
 def readings_of(path: str) -> tuple[dict, bool]:
@@ -107,9 +96,11 @@ def main():
     args = parser.parse_args()
 
     questions = load_questions(args.questions, need_context=False)
-    halves, articles = halves_of(questions)
-    if articles < 2:  # one half would be empty: nothing to tune on, or nothing to score
-        raise UserError(f"--questions {args.questions}: {articles} article(s); cross-fitting by article needs two")
+    try:  # one half would be empty: nothing to tune on, or nothing to score
+        halves = article_folds(questions, 2)
+    except UserError as err:
+        raise UserError(f"--questions {args.questions}: {err}") from None
+    articles = len(articles_of(questions))
     readings, shared = readings_of(os.path.join(args.run, "details.jsonl"))
     largest, ks = run_ks(args.run, readings)
     beyond = [k for k in args.k if not 1 <= k <= largest]
@@ -137,7 +128,7 @@ def main():
 
         def tuned(qs):  # (retriever weight, threshold) tuned on these questions
             if unanswerable_share(qs):
-                return tune(qs, lambda w: combined(qs, w), weights)
+                return tune(qs, lambda w: combined(qs, w), weights, cross_fit_folds(qs))
             # nothing to abstain on: threshold None, as for a SQuAD v1.1 reader; the weight (the smaller on equal
             # F1, as tune picks it) by the F1 of answering every question
             return max(sorted(weights), key=lambda w: scores(qs, combined(qs, w), None)["f1"]), None
@@ -145,16 +136,12 @@ def main():
         weight, threshold = tuned(questions)
         upper = scores(questions, combined(questions, weight), threshold)
         # each half answered at the settings tuned on the other half; both scored together
-        answered, views, shifted, half_settings = [], [], [], []
-        for h in (0, 1):
-            w, threshold = tuned(halves[1 - h])
-            half_settings.append((w, threshold))
-            answered += halves[h]
-            views += [dict(c, threshold=threshold) for c in combined(halves[h], w)]
+        crossed, half_settings = crossfit(halves, tuned, combined)
+        shifted = []
+        for h, (w, threshold) in enumerate(half_settings):
             # tuned on one half as it is, scored on the other reweighted to half unanswerable
             other = scores(halves[h], combined(halves[h], w), threshold)
             shifted.append((other.get("HasAns_f1", float("nan")) + other.get("NoAns_f1", float("nan"))) / 2)
-        crossed = _scores_at_own_thresholds(answered, views)
         if args.abstain_on == "ratio":
             calibrated_lines.append((k, _calibrated_across(halves, combined, half_settings)))
         print(f"| {k} | {upper['f1']:.2f} | {crossed['f1']:.2f} | {crossed['exact']:.2f} | "
@@ -214,13 +201,6 @@ def _calibration(questions, views) -> tuple[float, float, float, float]:
             ece += len(inside) / len(pairs) * abs(sum(p for p, _ in inside) - sum(y for _, y in inside)) / len(inside)
     brier = sum((p - y) ** 2 for p, y in pairs) / len(pairs)
     return ece, brier, sum(p for p, _ in pairs) / len(pairs), sum(y for _, y in pairs) / len(pairs)
-
-
-def _scores_at_own_thresholds(questions, views):
-    """scores() where each question carries its own threshold: abstaining is decided first, then scored at None."""
-    decided = [c if c["threshold"] is None or c["null_minus_best"] <= c["threshold"] else dict(c, text="")
-               for c in views]
-    return scores(questions, decided, None)
 
 
 if __name__ == "__main__":

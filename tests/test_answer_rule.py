@@ -56,6 +56,29 @@ def test_the_weight_is_tuned_with_the_threshold_and_the_smaller_of_equals_wins()
     assert tune(questions, combined_with, weights=(0.0,))[0] == 0.0
 
 
+def test_the_weight_is_the_one_whose_threshold_carries_to_articles_it_was_not_tuned_on():
+    """With folds of whole articles the weight is chosen by its F1 cross-fitted over them (each fold answered at the
+    threshold tuned on the other), not by its F1 on the questions it was tuned on."""
+    from utils.system.measure import crossfit, tune
+
+    questions = [{"id": i, "title": title, "answers": {"text": ["x"] if i in "13" else []}}
+                 for i, title in (("1", "A"), ("2", "A"), ("3", "B"), ("4", "B"))]
+    folds = [questions[:2], questions[2:]]
+    # answered right wherever answered; the log ratios of the answerable 1, 3 and the unanswerable 2, 4
+    ratios = {0.0: {"1": -1.0, "2": 5.0, "3": 3.0, "4": 4.0},  # one cut (3) fits both, but A's own cut (-1) misses 3
+              1.0: {"1": -1.0, "2": 5.0, "3": -1.0, "4": 5.0}}  # the articles alike: each one's cut fits the other
+
+    def combined_with(weight, qs=questions):
+        return [{"text": "x" if q["answers"]["text"] else "q", "null_minus_best": ratios[weight][q["id"]]} for q in qs]
+
+    assert tune(questions, combined_with, (0.0, 1.0)) == (0.0, 3.0)  # F1 100 either way: the smaller weight
+    assert tune(questions, combined_with, (0.0, 1.0), folds) == (1.0, -1.0)
+    # by hand at weight 0: B answered at A's cut -1 (3 abstains: wrong), A at B's cut 3 (both right): 3 of 4
+    scored, settings = crossfit(folds, lambda others: (0.0, 3.0 if others[0]["title"] == "B" else -1.0),
+                                lambda qs, w: combined_with(w, qs))
+    assert scored["f1"] == 75.0 and settings == [(0.0, 3.0), (0.0, -1.0)]
+
+
 def test_the_calibration_recovers_a_known_probability_and_gives_it_for_either_rule():
     import numpy as np
 

@@ -62,8 +62,9 @@ def test_the_crossfit_rescoring_reads_passages_without_a_span(tmp_path):
 
 
 def test_the_crossfit_rescoring_tunes_on_whole_articles_and_refuses_a_file_of_one(tmp_path):
-    """The halves hold whole articles (each, in file order, to the half with fewer questions so far), so what is
-    tuned on one half is scored on articles it never saw; a file of one article has no second half."""
+    """The halves hold whole articles (utils.files.folds: each, in file order, to the half with fewer questions so
+    far; the sample's three all hold unanswerable questions), so what is tuned on one half is scored on articles it
+    never saw; a file of one article has no second half."""
     import json
 
     from conftest import assert_user_error
@@ -85,7 +86,7 @@ def test_the_crossfit_rescoring_tunes_on_whole_articles_and_refuses_a_file_of_on
     (tmp_path / "one.json").write_text(json.dumps(one))
     proc = run_script("benchmarks/qa_crossfit.py", "--run", run, "--questions", tmp_path / "one.json", "--k", 1,
                       check=False)
-    assert_user_error(proc, "1 article(s); cross-fitting by article needs two")
+    assert_user_error(proc, "1 article(s): 2 folds of whole articles need at least 2")
     assert "| 1 |" not in proc.stdout
 
 

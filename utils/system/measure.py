@@ -44,16 +44,38 @@ def _best_threshold(questions: list[dict], combined: list[dict]) -> tuple[float,
                                {q["id"]: _finite(c["null_minus_best"]) for q, c in zip(questions, combined)})
 
 
-def tune(questions: list[dict], combined_with, weights) -> tuple:
+def tune(questions: list[dict], combined_with, weights, folds: list[list[dict]] | None = None) -> tuple:
     """(weight, threshold) with the best F1 on these labelled questions: each entry of `weights` (weight_grid) with
     its own best threshold; on equal F1 the first in sorted order, the smaller weight.
-    `combined_with(entry)`: the questions' combined views with it (combined_at)."""
+    `combined_with(entry)`: the questions' combined views with it (combined_at). With `folds` (the questions in
+    folds of whole articles, utils.files.folds) and more than one entry, the entry is the one with the best F1
+    cross-fitted over the folds (`crossfit`: each fold answered at its threshold tuned on the other folds), a
+    choice scored only on articles it was not tuned on; its threshold is then tuned on all the questions."""
+    views = {entry: combined_with(entry) for entry in sorted(weights)}
+    by_id = {entry: {q["id"]: c for q, c in zip(questions, v)} for entry, v in views.items()}
+    cross = folds is not None and len(views) > 1
     best = None
-    for entry in sorted(weights):
-        f1, threshold = _best_threshold(questions, combined_with(entry))
+    for entry in views:
+        f1, threshold = _best_threshold(questions, views[entry])
+        if cross:
+            def at(qs, e=entry):  # the views of some of the questions at this entry
+                return [by_id[e][q["id"]] for q in qs]
+            f1 = crossfit(folds, lambda others, e=entry: (e, _best_threshold(others, at(others))[1]), at)[0]["f1"]
         if best is None or f1 > best[0]:
             best = (f1, entry, threshold)
     return best[1], best[2]
+
+
+def crossfit(folds: list[list[dict]], settle, combined) -> tuple[dict, list[tuple]]:
+    """(EM/F1, total, HasAns and NoAns, of all the folds' labelled questions, each fold answered at the settings
+    tuned on the other folds' questions; those settings, per fold): what a choice scores on articles it never saw.
+    `settle(questions)`: (weight, threshold) tuned on them; `combined(questions, weight)`: their combined views."""
+    predictions, settings = {}, []
+    for i, fold in enumerate(folds):
+        weight, threshold = settle([q for j, other in enumerate(folds) if j != i for q in other])
+        settings.append((weight, threshold))
+        predictions.update({q["id"]: answer(c, threshold) for q, c in zip(fold, combined(fold, weight))})
+    return squad_metrics(references([q for fold in folds for q in fold]), predictions), settings
 
 
 def fit_calibration(questions: list[dict], combined: list[dict], l2: float = 1e-4) -> tuple[float, float, float]:
