@@ -13,6 +13,7 @@ import pytest
 from accelerate import Accelerator
 from conftest import ROOT, as_from_a_shell, assert_user_error, run_killed_at_checkpoint, run_script
 
+from utils.errors import UserError
 from utils.loop.output_dir import MARKER, prepare_output_dir, publish_dir, read_marker
 
 
@@ -32,6 +33,11 @@ def test_a_second_run_does_not_silently_replace_a_finished_model(tiny_bert_dir, 
     before = open(os.path.join(out, "model.safetensors"), "rb").read()
     proc = run_script("train_reader.py", *tiny_reader(tiny_bert_dir, out, "--max_train_steps", 1), check=False)
     assert_user_error(proc, f"{out} holds a trained model (published by train_reader.py)")
+    assert open(os.path.join(out, "model.safetensors"), "rb").read() == before
+    # 'latest' with no checkpoint to continue is a fresh start: it must not train over the finished model either
+    proc = run_script("train_reader.py", *tiny_reader(tiny_bert_dir, out, "--max_train_steps", 1,
+                                                      "--resume_from_checkpoint", "latest"), check=False)
+    assert_user_error(proc, f"{out} holds a trained model (published by train_reader.py) and no checkpoint")
     assert open(os.path.join(out, "model.safetensors"), "rb").read() == before
     run_script("train_reader.py", *tiny_reader(tiny_bert_dir, out, "--max_train_steps", 1, "--overwrite_output_dir"))
     assert json.load(open(os.path.join(out, "eval_results.json")))["updates"] == 1
@@ -77,6 +83,7 @@ def test_a_failed_publish_leaves_the_old_model_and_a_killed_one_gives_the_checkp
     accelerator, args = accelerator_and_args(out)
     prepare(accelerator, args, "train")
     (out / "checkpoints" / "step_5").mkdir(parents=True)
+    (out / "checkpoints" / "step_5" / "loop_state.json").write_text("{}")  # what makes it a checkpoint
     with publish_dir(accelerator, str(out)) as staging:
         open(os.path.join(staging, "config.json"), "w").write("old")
     with pytest.raises(RuntimeError):
@@ -94,6 +101,31 @@ def test_a_failed_publish_leaves_the_old_model_and_a_killed_one_gives_the_checkp
     prepare(accelerator, args, "train")
     assert (out / "checkpoints" / "step_5").is_dir() and not staging.exists()
     assert (out / "config.json").read_text() == "old"
+
+
+def test_a_published_model_is_trained_over_only_to_continue_its_own_checkpoints(tmp_path):
+    """A resume into a directory that holds a trained model continues that directory's own run; with nothing of its
+    own to resume ('latest' and no checkpoint, or a checkpoint of another directory) the finished model would be
+    replaced by a new one: refused, as a fresh run into it is."""
+    out, other = tmp_path / "out", tmp_path / "other"
+    accelerator, args = accelerator_and_args(out)
+    prepare(accelerator, args, "train")
+    with publish_dir(accelerator, str(out)) as staging:
+        open(os.path.join(staging, "config.json"), "w").write("{}")
+    elsewhere = other / "checkpoints" / "step_3"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "loop_state.json").write_text("{}")
+    for resume in ("latest", str(elsewhere)):
+        args.resume_from_checkpoint = resume
+        with pytest.raises(UserError, match="holds a trained model .* and no checkpoint of its own to resume"):
+            prepare(accelerator, args, "train")
+    own = out / "checkpoints" / "step_2"
+    own.mkdir(parents=True)
+    (own / "loop_state.json").write_text("{}")
+    for resume in ("latest", str(own)):  # continuing the run that published it
+        args.resume_from_checkpoint = resume
+        prepare(accelerator, args, "train")
+    assert read_marker(str(out))["state"] == "published" and (out / "config.json").read_text() == "{}"
 
 
 def test_resuming_from_an_older_checkpoint_keeps_the_later_ones_aside_and_its_own(tiny_bert_dir, tmp_path):

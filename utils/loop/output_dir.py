@@ -7,7 +7,9 @@ That is how a later run tells its own directories from anybody else's:
   ours) is refused unless --overwrite_output_dir;
 * one that holds a trained model or the results of an earlier evaluation is refused unless --overwrite_output_dir:
   a second run must not silently replace a finished one;
-* one with checkpoints of an unfinished run is refused unless --resume_from_checkpoint or --overwrite_output_dir.
+* one with checkpoints of an unfinished run is refused unless --resume_from_checkpoint or --overwrite_output_dir;
+* a resume into one that holds a trained model must continue a checkpoint of that directory's own run: with
+  'latest' and no checkpoint, or another directory's checkpoint, it would publish a new model over the finished one.
 
 Publishing replaces the directory as a whole (`staged_directory`). The new contents are written to a hidden
 sibling, which is swapped with the output directory in one atomic rename (Linux renameat2 RENAME_EXCHANGE); a
@@ -62,6 +64,15 @@ def _holds_checkpoints(directory: str) -> bool:
         os.path.isfile(os.path.join(ckpt_dir, n, "loop_state.json")) for n in os.listdir(ckpt_dir))
 
 
+def _resumes_own_checkpoint(out: str, resume: str | None) -> bool:
+    """Whether --resume_from_checkpoint `resume` continues a checkpoint of `out`'s own run ('latest' with one there,
+    or a path inside its checkpoints/)."""
+    if resume == "latest":
+        return _holds_checkpoints(out)
+    own = os.path.realpath(os.path.join(out, CHECKPOINTS))
+    return resume is not None and os.path.commonpath([own, os.path.realpath(resume)]) == own
+
+
 def _refusal(out: str, mode: str, overwrite: bool, resume: str | None) -> str | None:
     """Why output directory `out` must not be used as it is (None: it may). `mode`: "train" or "evaluate";
     `overwrite`: --overwrite_output_dir; `resume`: --resume_from_checkpoint."""
@@ -81,6 +92,12 @@ def _refusal(out: str, mode: str, overwrite: bool, resume: str | None) -> str | 
     if marker.get("state") == "published" and (mode != "train" or resume is None):
         return (f"{out} holds a trained model (published by {by}): give another --output_dir, or "
                 "--overwrite_output_dir to replace it")
+    if marker.get("state") == "published" and not _resumes_own_checkpoint(out, resume):
+        # 'latest' with no checkpoint starts from scratch, and another directory's checkpoint is another run: either
+        # would publish a new model over the finished one
+        return (f"{out} holds a trained model (published by {by}) and no checkpoint of its own to resume "
+                f"(--resume_from_checkpoint {resume}): give another --output_dir, or --overwrite_output_dir to "
+                "replace it")
     if mode == "evaluate" and checkpoints:
         return (f"{out} holds checkpoints of a training run: give another --output_dir, or --overwrite_output_dir "
                 "to replace them")
