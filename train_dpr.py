@@ -45,6 +45,7 @@ from utils.retriever.dpr_task import DPRTask, load_training_data, training_loade
 from utils.retriever.encoding import load_tokenizers
 from utils.retriever.evaluate_retriever import evaluate_retriever
 from utils.retriever.evaluation import RetrievalEvaluation, load_evaluation_data
+from utils.retriever.reader_targets import fixed_on_resume
 from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings
 
 logger = logging.getLogger("qa-amp")
@@ -173,6 +174,9 @@ class DPRArgs(TrainArgs):
             self.config(config)  # their own checks, before anything is loaded
         self.reader_distillation_config()
         super().validate()
+
+    def fixed_on_resume(self) -> dict:
+        return fixed_on_resume(self.reader_distillation_config())  # a resume keeps its reader
 
     def reader_distillation_config(self) -> ReaderDistillationConfig | None:
         """What a reader adds to the loss (None: no --reader); its settings only with a reader."""

@@ -53,7 +53,7 @@ from utils.loop.process import setup, shards_parameters
 from utils.loop.run import run
 from utils.reader.config import (DataConfig, DecodingConfig, DistillationConfig, EvaluationConfig, PassagesConfig,
                                  WindowConfig)
-from utils.reader.distillation import Teacher, check_teacher
+from utils.reader.distillation import Teacher, check_teacher, fixed_on_resume
 from utils.reader.evaluate_reader import evaluate_reader
 from utils.reader.reader_task import GroupedReaderTask, ReaderTask, prepare_eval_set
 from utils.reader.squad_data import load_train_and_dev
@@ -181,6 +181,9 @@ class ReaderArgs(TrainArgs):
                           window.max_query_length, distillation.layer_pairs, self.num_hidden_layers,
                           shared=self.passages_per_question > 1)
         super().validate()
+
+    def fixed_on_resume(self) -> dict:
+        return fixed_on_resume(self.distillation_config())  # a resume keeps its teacher
 
     def distillation_config(self) -> DistillationConfig | None:
         """The teacher's part in the loss (None: no --teacher); its weight and temperature only with a teacher."""

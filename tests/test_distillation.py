@@ -106,6 +106,18 @@ def test_a_distilled_run_records_its_teacher_and_resumes_to_the_same_weights(tin
     run_script("train_reader.py", *distil_args(tiny_bert_dir, teacher_dir, killed, 4, *args,
                                                "--resume_from_checkpoint", "latest"))
     assert_same_weights(os.path.join(ref, "model.safetensors"), os.path.join(killed, "model.safetensors"))
+    # a resume that changes what teaches the run is refused in one line naming the flag, before anything is loaded
+    before = open(os.path.join(ref, "model.safetensors"), "rb").read()
+    resume = ["--resume_from_checkpoint", "latest", "--max_train_steps", 8]
+    for changed, flag in ((["--distillation_temperature", 5], "--distillation_temperature"),
+                          (["--distillation_weight", 0.5], "--distillation_weight")):
+        given = distil_args(tiny_bert_dir, teacher_dir, ref, 4, "--checkpointing_steps", 2, *args[2:], *changed,
+                            *resume)
+        assert_user_error(run_script("train_reader.py", *given, check=False), f"{flag}: the checkpoint's run had")
+    without = [a for a in distil_args(tiny_bert_dir, teacher_dir, ref, 4, "--checkpointing_steps", 2, *resume)
+               if a not in ("--teacher", teacher_dir)]
+    assert_user_error(run_script("train_reader.py", *without, check=False), "--teacher: the checkpoint's run had")
+    assert open(os.path.join(ref, "model.safetensors"), "rb").read() == before
     # the teacher taught: the same run without it ends elsewhere
     alone = str(tmp_path / "alone")
     run_script("train_reader.py", *[a for a in distil_args(tiny_bert_dir, teacher_dir, alone, 4, "--checkpointing_steps",

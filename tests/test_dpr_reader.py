@@ -135,6 +135,14 @@ def test_a_taught_run_resumes_to_the_same_weights_on_its_checkpointed_readings(t
     resumed = json.load(open(f"{out}/eval_results.json"))["negatives_refreshed"]
     what = lambda rs: [(r["when"], r["fingerprint"], r["read"]) for r in rs]  # noqa: E731 (not the seconds)
     assert what(resumed) == what(refreshes)
+    # a resume that changes what teaches the run (the reader, its passages) is refused in one line naming the flag,
+    # before anything is loaded: not a crash in Accelerate's load_state, nor old readings mixed with new ones
+    more = ["--resume_from_checkpoint", "latest", "--max_train_steps", 25]
+    taught = reader_args(tiny_bert_dir, shared_reader_dir, out, 8, *args, *more)
+    proc = run_script("train_dpr.py", *taught, "--distill_passages", 4, check=False)
+    assert_user_error(proc, "--distill_passages: the checkpoint's run had 3, this run has 4")
+    untaught = [a for a in taught if a not in ("--reader", shared_reader_dir, "--distill_passages", 3)]
+    assert_user_error(run_script("train_dpr.py", *untaught, check=False), "--reader: the checkpoint's run had")
 
 
 def test_two_processes_are_taught_as_one_with_grad_cache_on_sentence_windows(tiny_bert_no_dropout_dir,

@@ -14,6 +14,7 @@ from accelerate import Accelerator
 from conftest import ROOT, as_from_a_shell, assert_user_error, run_killed_at_checkpoint, run_script
 
 from utils.errors import UserError
+from utils.loop.checkpoints import check_resume_fixed
 from utils.loop.output_dir import MARKER, prepare_output_dir, publish_dir, read_marker
 
 
@@ -254,3 +255,22 @@ def test_every_script_waits_in_a_collective_as_long_as_process_group_timeout_say
     assert "make_accelerator(" in builds and "Accelerator(" not in builds.replace("make_accelerator(", "")
     handler = process.make_accelerator(90, cpu=True).init_handler
     assert isinstance(handler, InitProcessGroupKwargs) and handler.timeout == timedelta(minutes=90)
+
+
+def test_a_resume_must_share_what_teaches_the_run_a_model_known_by_its_weights(tmp_path):
+    """check_resume_fixed: a model recorded by its weights hash is the same wherever it lies now; another hash,
+    another value, or a setting the checkpoint's run did not have is refused naming the flag; a checkpoint of an
+    older version (no record) is not checked."""
+    step = tmp_path / "out" / "checkpoints" / "step_4"
+    step.mkdir(parents=True)
+    teacher = {"model": "/old/place", "weights_sha256": "ab" * 32}
+    (step / "loop_state.json").write_text(json.dumps({"step": 4, "fixed": {"teacher": teacher, "weight": 0.5}}))
+    out = str(tmp_path / "out")
+    check_resume_fixed(out, "latest", {"teacher": {**teacher, "model": "/new/place"}, "weight": 0.5})
+    for fixed, flag in (({"teacher": {**teacher, "weights_sha256": "cd" * 32}, "weight": 0.5}, "--teacher"),
+                        ({"teacher": teacher, "weight": 0.7}, "--weight"), ({"teacher": None}, "--teacher"),
+                        ({"teacher": teacher, "weight": 0.5, "layers": "0:0"}, "--layers")):
+        with pytest.raises(UserError, match=f"^{flag}: the checkpoint's run had"):
+            check_resume_fixed(out, "latest", fixed)
+    (step / "loop_state.json").write_text(json.dumps({"step": 4}))
+    check_resume_fixed(out, str(step), {"teacher": None})

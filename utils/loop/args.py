@@ -174,7 +174,13 @@ class TrainArgs(Flags):
             eval_steps=self.eval_steps, early_stopping_patience=self.early_stopping_patience,
             logging_steps=self.logging_steps, checkpointing_steps=self.checkpointing_steps,
             checkpoints_total_limit=self.checkpoints_total_limit, resume_from_checkpoint=self.resume_from_checkpoint,
-            overwrite_output_dir=self.overwrite_output_dir, report_to=self.report_to, hparams=self.as_dict())
+            overwrite_output_dir=self.overwrite_output_dir, report_to=self.report_to, hparams=self.as_dict(),
+            fixed=self.fixed_on_resume())
+
+    def fixed_on_resume(self) -> dict:
+        """{flag: value} a resumed run must share with the run it continues (LoopConfig.fixed); a script adds what
+        teaches its runs."""
+        return {}
 
     @property
     def requested_precision(self) -> Optional[str]:

@@ -11,6 +11,7 @@ import shutil
 import torch
 from safetensors.torch import load_file
 
+from utils.errors import UserError
 from utils.files.jsonfiles import json_safe
 
 logger = logging.getLogger("qa-amp")
@@ -40,8 +41,45 @@ def resolve_resume(output_dir: str, want: str | None) -> str | None:
     return want
 
 
-def save_checkpoint(accelerator, output_dir: str, step: int, loop_state: dict, best_dir: str, keep: int | None) -> str:
-    """accelerator.save_state into a temporary directory, then rename; keep the newest `keep` (None: all).
+def check_resume_fixed(output_dir: str, want: str | None, fixed: dict) -> None:
+    """Refuse (one line naming the flag) to resume a checkpoint whose run recorded other `fixed` settings
+    (LoopConfig.fixed): a run resumed with another teacher, or none, would go on learning from something else than
+    it started with, or die deep in Accelerate's load_state. A checkpoint that recorded none (an older version) is
+    not checked."""
+    path = resolve_resume(output_dir, want)
+    if not path:
+        return
+    try:
+        with open(os.path.join(path, "loop_state.json")) as f:
+            recorded = json.load(f).get("fixed")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not isinstance(recorded, dict):
+        return
+    for flag in list(recorded) + [k for k in fixed if k not in recorded]:  # the model first, as recorded
+        old, new = recorded.get(flag), json_safe(fixed.get(flag))
+        if _identity(old) != _identity(new):
+            raise UserError(f"--{flag}: the checkpoint's run had {_shown(old)}, this run has {_shown(new)}: resume "
+                            f"{path} with the same --{flag}, or start over in another --output_dir")
+
+
+def _identity(value):
+    """What makes two recorded values the same: a model by its weights hash, wherever it lies now."""
+    return value.get("weights_sha256") if isinstance(value, dict) and "weights_sha256" in value else value
+
+
+def _shown(value) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, dict) and "weights_sha256" in value:
+        return f"{value.get('model')} (weights sha256 {str(value['weights_sha256'])[:12]})"
+    return str(value)
+
+
+def save_checkpoint(accelerator, output_dir: str, step: int, loop_state: dict, best_dir: str, keep: int | None,
+                    fixed: dict | None = None) -> str:
+    """accelerator.save_state into a temporary directory, then rename; keep the newest `keep` (None: all). `fixed`:
+    the settings a resume must share (LoopConfig.fixed), recorded beside the loop state (check_resume_fixed).
 
     The best model so far goes into the checkpoint too (hard links, no copy): the loop state names its update,
     so resuming from any checkpoint, into any directory, must bring back exactly that model."""
@@ -56,7 +94,8 @@ def save_checkpoint(accelerator, output_dir: str, step: int, loop_state: dict, b
     accelerator.wait_for_everyone()  # every process has written its RNG state before the rename
     if accelerator.is_main_process:
         with open(os.path.join(tmp, "loop_state.json"), "w") as f:
-            json.dump(json_safe(loop_state), f, indent=1)  # human-readable copy; load_state uses the pickled one
+            json.dump(json_safe({**loop_state, "fixed": fixed or {}}), f, indent=1)  # human-readable copy;
+            # load_state uses the pickled one
         if loop_state["best_step"] is not None and os.path.isdir(best_dir):
             shutil.copytree(best_dir, os.path.join(tmp, "best_model"), copy_function=_link_or_copy)
         replace_dir(tmp, final)

@@ -78,6 +78,9 @@ class LoopConfig:
     """Experiment trackers through Accelerate: none, tensorboard, wandb or all."""
     hparams: dict = field(default_factory=dict, compare=False)
     """The run's settings as trackers record them (the script's flags)."""
+    fixed: dict = field(default_factory=dict)
+    """{flag: value} that a resumed run must share with the run it continues (what teaches it: a teacher's weights
+    hash, its weight and temperature): recorded in every checkpoint, compared before anything is loaded."""
 
     def __post_init__(self):
         check_at_least_one(self, "per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps",

@@ -214,7 +214,7 @@ def _fit(accelerator, config: LoopConfig, task, model, optimizer, scheduler, tra
                 model.train()  # the hook and evaluation may have switched to eval mode
             if config.checkpointing_steps and state.step % config.checkpointing_steps == 0:
                 save_checkpoint(accelerator, config.output_dir, state.step, state.state_dict(), best_dir,
-                                config.checkpoints_total_limit)
+                                config.checkpoints_total_limit, config.fixed)
             tick = time.perf_counter()
             interval.t0 += tick - housekeeping  # evaluation and checkpoints are not training time
             if state.step >= total_steps or state.stopped_early:

@@ -16,6 +16,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, InitProcessGroupKwargs, broadcast_object_list, set_seed
 
 from utils.errors import UserError
+from utils.loop.checkpoints import check_resume_fixed
 from utils.loop.config import LoopConfig
 from utils.loop.output_dir import prepare_output_dir
 
@@ -83,6 +84,8 @@ def setup(config: LoopConfig, training: bool = True) -> Accelerator:
     set_seed(config.seed)
     prepare_output_dir(accelerator, config.output_dir, "train" if training else "evaluate",
                        overwrite=config.overwrite_output_dir, resume=config.resume_from_checkpoint)
+    if training:  # before any model or data is loaded
+        check_resume_fixed(config.output_dir, config.resume_from_checkpoint, config.fixed)
     n = accelerator.num_processes
     layout = (f"run: precision={accelerator.mixed_precision} device={accelerator.device.type} "
               f"distributed={accelerator.distributed_type.value} processes={n}")

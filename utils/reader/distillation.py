@@ -31,6 +31,7 @@ unnormalised scores; both read with eager attention for it). Per window, then pe
 A second run, `--model_name_or_path <that run> --teacher DIR`, then distils the prediction layer.
 """
 
+import functools
 import hashlib
 import os
 
@@ -83,10 +84,17 @@ def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_str
 
 
 def weights_hash(directory: str) -> str | None:
-    """sha256 of a model directory's model.safetensors (None without one): which teacher it was."""
+    """sha256 of a model directory's model.safetensors (None without one): which teacher it was. Hashed once per
+    version of the file (the resume check and the run both ask)."""
     path = os.path.join(directory, "model.safetensors")
     if not os.path.isfile(path):
         return None
+    stat = os.stat(path)
+    return _file_sha256(os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -111,6 +119,16 @@ def distillation_kl(student: torch.Tensor, teacher: torch.Tensor, allowed: torch
         total = total + (log_t.exp() * (log_t - log_s)).sum()
         count += ss.shape[0]
     return total / count
+
+
+def fixed_on_resume(config: DistillationConfig | None) -> dict:
+    """What teaches a run, which a resumed run must share with it (utils.loop.config.LoopConfig.fixed): the teacher
+    by its weights, its weight, temperature and layer pairs; none without a teacher."""
+    if config is None:
+        return {"teacher": None}
+    return {"teacher": {"model": config.teacher, "weights_sha256": weights_hash(config.teacher)},
+            "distillation_weight": config.distillation_weight,
+            "distillation_temperature": config.distillation_temperature, "distil_layers": config.distil_layers}
 
 
 PROJECTION = "distil_projection"

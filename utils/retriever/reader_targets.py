@@ -65,6 +65,16 @@ def top_passages(ranked: np.ndarray, unit_keys: np.ndarray, count: int) -> tuple
     return units, valid
 
 
+def fixed_on_resume(config: ReaderDistillationConfig | None) -> dict:
+    """What teaches a run, which a resumed run must share with it (utils.loop.config.LoopConfig.fixed): the reader
+    by its weights, the passages it reads per question, the weight and temperature; none without a reader."""
+    if config is None:
+        return {"reader": None}
+    return {"reader": {"model": config.reader, "weights_sha256": weights_hash(config.reader)},
+            "distill_passages": config.distill_passages, "distillation_weight": config.distillation_weight,
+            "distillation_temperature": config.distillation_temperature}
+
+
 class ReaderTargets:
     """The reader of a run and its readings, by (question index, passage key hash): loaded once on the run's device,
     in eval mode, at the run's precision; its readings are checkpointed (state_dict) with the negatives."""
