@@ -129,9 +129,10 @@ class ReaderArgs(TrainArgs):
                                        "trained (per question under --passages_per_question; "
                                        "utils/reader/distillation.py).")
     distillation_weight: Optional[float] = arg(None, "With --teacher: w, the teacher's share of the loss, (1 - w) x "
-                                               "labels + w x T^2 x KL(teacher || student). Default 0.5.")
+                                               "labels + w x T^2 x KL(teacher || student). Default 0.5 (none with "
+                                               "--distil_layers).")
     distillation_temperature: Optional[float] = arg(None, "With --teacher: T, the softmax temperature of both "
-                                                    "distributions. Default 2.")
+                                                    "distributions. Default 2 (none with --distil_layers).")
     distil_layers: Optional[str] = arg(None, "With --teacher: the intermediate stage (TinyBERT) instead of the "
                                        "prediction layer: student:teacher layer pairs, e.g. 0:0,1:2,2:4,3:6 (0: the "
                                        "embeddings), hidden states and attention matched; then distil the prediction "
@@ -196,9 +197,8 @@ class ReaderArgs(TrainArgs):
         if self.distil_layers and self.eval_steps:
             raise UserError("--distil_layers trains the student's layers, not its answers: drop --eval_steps (its dev "
                             "scores would choose nothing)")
-        given = {k: v for k, v in (("distillation_weight", self.distillation_weight),
-                                   ("distillation_temperature", self.distillation_temperature)) if v is not None}
-        return DistillationConfig(self.teacher, **given, distil_layers=self.distil_layers)
+        return DistillationConfig(self.teacher, self.distillation_weight, self.distillation_temperature,
+                                  self.distil_layers)
 
 
 def retriever_ranking(retriever_dir: str | None, accelerator):

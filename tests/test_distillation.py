@@ -264,7 +264,9 @@ def test_the_intermediate_stage_trains_on_two_processes_as_on_one_then_the_predi
     assert_weights_close(f"{single}/model.safetensors", f"{ddp}/model.safetensors", ("qa_outputs.bias",))
     with safe_open(f"{single}/model.safetensors", "pt") as f:
         assert not any(k.startswith("distil_projection.") for k in f.keys())  # the projection served this run alone
-    assert ReaderSettings.load(single).teacher["distil_layers"] == "0:0,1:1,2:2"
+    recorded = ReaderSettings.load(single).teacher
+    assert recorded["distil_layers"] == "0:0,1:1,2:2"
+    assert recorded["weight"] is None and recorded["temperature"] is None  # the layer loss has neither
     final = str(tmp_path / "final")  # the prediction layer, from the stage's output
     run_script("train_reader.py", *distil_args(single, narrow_teacher_dir, final, 4))
     assert ReaderSettings.load(final).teacher["distil_layers"] is None
@@ -275,6 +277,9 @@ def test_the_intermediate_stage_trains_on_two_processes_as_on_one_then_the_predi
     (["--distil_layers", "1-2"], "give student:teacher layer pairs"),
     (["--distil_layers", "1:1,1:2"], "a student layer learns one teacher layer"),
     (["--distil_layers", "1:1", "--eval_steps", 2], "drop --eval_steps"),
+    (["--distil_layers", "1:1", "--distillation_temperature", 3], "--distil_layers matches layers, which "
+                                                                    "--distillation_weight and --distillation_temperature"),
+    (["--distil_layers", "1:1", "--distillation_weight", 0.3], "drop --distillation_weight"),
 ])
 def test_a_layer_map_the_models_cannot_follow_is_refused(tiny_bert_dir, teacher_dir, tmp_path, extra, expected):
     out = tmp_path / "out"

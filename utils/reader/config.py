@@ -164,10 +164,12 @@ class EvaluationConfig:
 class DistillationConfig:
     teacher: Optional[str] = None
     """A trained reader whose start and end distributions the student learns (None: no teacher)."""
-    distillation_weight: float = 0.5
-    """w: the share of the loss that is the teacher's (the rest is the labels')."""
-    distillation_temperature: float = 2.0
-    """T: both distributions are softmaxes of the logits / T; above 1 the teacher's second choices weigh more."""
+    distillation_weight: Optional[float] = None
+    """w: the share of the loss that is the teacher's (the rest is the labels'); None: 0.5 for the prediction layer,
+    none for the intermediate stage (its loss is the layers' alone)."""
+    distillation_temperature: Optional[float] = None
+    """T: both distributions are softmaxes of the logits / T; above 1 the teacher's second choices weigh more; None:
+    2 for the prediction layer, none for the intermediate stage."""
     distil_layers: Optional[str] = None
     """The intermediate stage (TinyBERT): "S:T,..." pairs of a student layer and the teacher layer it learns (0: the
     embeddings, i: the output of layer i); None: the prediction layer."""
@@ -189,7 +191,16 @@ class DistillationConfig:
         return pairs
 
     def __post_init__(self):
-        self.layer_pairs  # noqa: B018 (checked as it is built)
+        if self.layer_pairs:  # checked as it is built
+            if self.distillation_weight is not None or self.distillation_temperature is not None:
+                raise UserError("--distil_layers matches layers, which --distillation_weight and "
+                                "--distillation_temperature do not weigh: drop --distillation_weight and "
+                                "--distillation_temperature (they are the prediction layer's)")
+            return
+        if self.distillation_weight is None:  # the prediction layer's defaults
+            object.__setattr__(self, "distillation_weight", 0.5)
+        if self.distillation_temperature is None:
+            object.__setattr__(self, "distillation_temperature", 2.0)
         if not 0 < self.distillation_weight <= 1:
             raise UserError(f"--distillation_weight {self.distillation_weight}: give a share in (0, 1]")
         if not self.distillation_temperature > 0:
