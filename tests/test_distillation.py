@@ -16,10 +16,12 @@ from safetensors import safe_open
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
 from utils.reader.config import DistillationConfig
-from utils.reader.distillation import Teacher, distillation_kl, weights_hash
+from utils.reader.distillation import Teacher, check_teacher, distillation_kl, weights_hash
 from utils.reader.reader_task import GroupedReaderTask, ReaderTask
 from utils.reader.shared_norm import shared_norm_loss
 from utils.reader.trained import ReaderSettings
+from utils.reader.windows import prepare_windows
+from utils.loop.batching import pad_batch
 
 
 def softmax(x):
@@ -75,10 +77,42 @@ def test_a_teacher_equal_to_the_student_leaves_exactly_the_labels_share_of_the_l
     assert torch.equal(loss, 0.7 * shared_norm_loss(out.start_logits, out.end_logits, batch))
     # a window-level reader likewise, over each window's tokens
     window = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
-              "start_positions": torch.tensor([2, 0, 0]), "end_positions": torch.tensor([4, 0, 0])}
+              "start_positions": torch.tensor([2, 0, 0]), "end_positions": torch.tensor([4, 0, 0]),
+              "context_start": torch.tensor([1, 2, 1]), "context_end": torch.tensor([8, 9, 9])}
     alone = ReaderTask.compute_loss(types.SimpleNamespace(teacher=None), student, window)
     assert torch.equal(ReaderTask.compute_loss(types.SimpleNamespace(teacher=teacher), student, window), 0.7 * alone)
     assert not any(p.requires_grad for p in teacher.model.parameters())
+
+
+def test_the_kl_of_a_window_level_student_is_over_the_context_and_the_no_answer_only(tiny_bert_dir, shared_reader_dir,
+                                                                                     tokenizer):
+    """The question tokens and [SEP]s can start no answer: a shared-normalization teacher never learned its logits
+    there (its loss masks them), so whatever it puts there must not reach a window-level student. The teacher's
+    logits outside the context and [CLS] are moved by a forward hook: the student's loss does not change."""
+    examples = [{"id": str(i), "question": q, "context": c, "answers": a}
+                for i, (q, c, a) in enumerate([("Who built the loom?", "Ada built a loom in 1843 near the river.",
+                                                {"text": ["Ada"], "answer_start": [0]}),
+                                               ("Where is the mill of the old town?", "The mill stood by the weir.",
+                                                {"text": [], "answer_start": []})])]
+    windows = prepare_windows({k: [ex[k] for ex in examples] for k in ("id", "question", "context", "answers")},
+                              tokenizer, 64, 16, 32, labels="answer")
+    batch = pad_batch([{k: windows[k][i] for k in windows} for i in range(len(windows["input_ids"]))],
+                      tokenizer.pad_token_id)
+    context = torch.tensor([[s == 1 for s in windows.sequence_ids(i)] + [False] * (batch["input_ids"].shape[1] - len(
+        windows["input_ids"][i])) for i in range(len(windows["input_ids"]))])
+    outside = ~context
+    outside[:, 0] = False  # [CLS]: the no-answer, which both distributions keep
+    teacher = Teacher(Accelerator(cpu=True), DistillationConfig(shared_reader_dir))
+    student = AutoModelForQuestionAnswering.from_pretrained(shared_reader_dir).eval()
+    task = types.SimpleNamespace(teacher=teacher)
+    before = ReaderTask.compute_loss(task, student, batch)
+
+    def elsewhere(module, inputs, out):  # the teacher's mass on positions that can start no answer
+        out.start_logits = out.start_logits + 8.0 * outside
+        out.end_logits = out.end_logits - 8.0 * outside
+        return out
+    teacher.model.register_forward_hook(elsewhere)
+    assert outside.any() and torch.equal(ReaderTask.compute_loss(task, student, batch), before)
 
 
 def distil_args(student, teacher, out, per_device, *extra):
@@ -159,9 +193,15 @@ def test_a_teacher_that_cuts_text_otherwise_is_refused_before_anything_is_create
     run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", window_teacher,
                "--max_train_steps", 1, "--eval_before_training", "false")
 
+    plain = str(tmp_path / "plain")  # another QA model: no reader_settings.json, read as a window-level reader
+    model.save_pretrained(plain)
+    AutoTokenizer.from_pretrained(teacher_dir).save_pretrained(plain)
+    check_teacher(plain, tiny_bert_dir, 128, 32, 32)  # on the student's windows, whatever they are
+
     for teacher, expected in [(other_windows, "reads windows of max_seq_length/doc_stride/max_query_length 256/"),
                               (other_tokenizer, "its tokenizer is not the student's"),
                               (window_teacher, "it was trained a window at a time"),
+                              (plain, "it has no reader_settings.json, so it is read as a reader trained a window"),
                               (tiny_bert_dir, "not a trained reader")]:
         out = tmp_path / "out"
         proc = run_script("train_reader.py", *distil_args(tiny_bert_dir, teacher, out, 4), check=False)

@@ -1,5 +1,7 @@
 """Windows and labels with the real MiniLM fast tokenizer: labelled spans decode back to the answers."""
 
+import os
+
 import pytest
 from conftest import SAMPLE
 
@@ -74,3 +76,22 @@ def test_every_context_token_is_covered_by_some_window(tokenizer, stride):
     covered = {tuple(o) for offsets in ev["offset_mapping"] for o in offsets if o is not None}
     full = tokenizer(context, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     assert {tuple(o) for o in full} == covered
+
+
+def test_windows_cached_by_another_format_are_not_read_as_this_ones(tokenizer, tmp_path, monkeypatch):
+    """The cache key holds the windows' format: a cache written before training windows carried their context
+    bounds was read back without them, and a run with a teacher died on the missing columns."""
+    from accelerate import Accelerator
+
+    import utils.reader.windows_cache as windows_cache
+    from utils.reader.config import WindowConfig
+
+    examples = [{"id": "1", "question": "Who built the loom?", "context": "Ada built a loom in 1843.",
+                 "answers": {"text": ["Ada"], "answer_start": [0]}}]
+    config = WindowConfig(max_seq_length=64, doc_stride=16, max_query_length=16, cache_dir=str(tmp_path))
+    windows = windows_cache.tokenize_windows(Accelerator(cpu=True), tokenizer, examples, config, labels="answer")
+    assert {"context_start", "context_end"} <= set(windows.column_names)
+    first = set(os.listdir(tmp_path))
+    monkeypatch.setattr(windows_cache, "WINDOWS_FORMAT", windows_cache.WINDOWS_FORMAT + 1)
+    windows_cache.tokenize_windows(Accelerator(cpu=True), tokenizer, examples, config, labels="answer")
+    assert set(os.listdir(tmp_path)) - first  # written anew under its own key, not loaded

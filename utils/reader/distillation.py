@@ -10,7 +10,9 @@ keeps the gradient of the soft part on the scale of the labels' as T changes (Hi
 The distributions are those the student is trained with: under shared normalization (--passages_per_question) one
 softmax over every context token and [CLS] of every window a question reads (utils.reader.shared_norm), so the
 teacher's share of the no-answer and of each passage is what the student learns; a window-level reader's are each
-window's own, over its tokens. The teacher's logits are computed on the fly, in the run's autocast and without
+window's own, over the same positions, its context tokens and [CLS]. Never over the question's tokens and [SEP]s:
+no answer starts there, a shared-normalization teacher's loss masked them out (its logits there were never
+trained), and a window-level teacher's mass there is what its labels pushed down to nothing. The teacher's logits are computed on the fly, in the run's autocast and without
 gradients: under --passages_per_question a question's passages are drawn anew each epoch, so a cache would hold
 what is never read again, and a teacher in eval mode gives the same logits to the same windows, which is all exact
 resume and 2 processes = 1 need. The teacher sits on the student's device, outside the optimizer, DDP and the
@@ -53,7 +55,8 @@ PROBE = "Ångström's 1843 loom, at 50°C (İstanbul): non-déjà-vu élan — �
 def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_stride: int, max_query_length: int,
                   layer_pairs: tuple = (), student_layers: int | None = None, shared: bool = False):
     """A teacher the student can learn from: a trained reader whose tokenizer and recorded windows are the
-    student's (`student_model`'s tokenizer, the windows the run cuts), trained with shared normalization if the
+    student's (`student_model`'s tokenizer, the windows the run cuts; a QA model without reader_settings.json reads
+    the student's windows, as a reader trained a window at a time), trained with shared normalization if the
     student is (`shared`: a window-level teacher's logits mean nothing across windows; the prediction layer's
     concern, not the intermediate stage's) and, for the intermediate
     stage, that has the layers `layer_pairs` name (the student's: `student_layers`, None: all of `student_model`'s).
@@ -70,11 +73,15 @@ def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_str
     if theirs.get_vocab() != ours.get_vocab() or theirs(PROBE)["input_ids"] != ours(PROBE)["input_ids"]:
         raise UserError(f"--teacher {teacher}: its tokenizer is not the student's ({student_model}): the positions it "
                         "teaches would be other tokens; give a teacher trained from the same tokenizer")
-    recorded = ReaderSettings.load(teacher) or ReaderSettings()
-    if shared and not recorded.shared and not layer_pairs:
-        raise UserError(f"--teacher {teacher}: it was trained a window at a time, so its scores do not compare across "
-                        "the windows a question reads; a student under --passages_per_question learns one distribution "
-                        "per question: give a teacher trained with --passages_per_question")
+    recorded = ReaderSettings.load(teacher)
+    if shared and not (recorded and recorded.shared) and not layer_pairs:
+        why = ("it has no reader_settings.json, so it is read as a reader trained a window at a time" if recorded is None
+               else "it was trained a window at a time")
+        raise UserError(f"--teacher {teacher}: {why}, so its scores do not compare across the windows a question "
+                        "reads; a student under --passages_per_question learns one distribution per question: give a "
+                        "teacher trained with --passages_per_question")
+    if recorded is None:  # another QA model: it reads the student's windows (nothing recorded says otherwise)
+        return
     want = (max_seq_length, doc_stride, max_query_length)
     have = (recorded.max_seq_length, recorded.doc_stride, recorded.max_query_length)
     if have != want:

@@ -18,7 +18,7 @@ from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_exa
 from utils.reader.distillation import Teacher, without_projection
 from utils.reader.groups import QuestionGroups
 from utils.reader.metrics import best_null_threshold, squad_metrics
-from utils.reader.shared_norm import shared_norm_loss
+from utils.reader.shared_norm import allowed_positions, shared_norm_loss
 from utils.reader.trained import ReaderSettings, fingerprint
 from utils.reader.windows_cache import tokenize_windows
 
@@ -81,7 +81,8 @@ class ReaderTask(Task):
     def compute_loss(self, model, batch):
         """Mean of the start and end cross-entropies over real tokens only (transformers' own QA loss also
         spreads probability over padding, so it would change with each batch's padded width); with a teacher, mixed
-        with its distributions over the same tokens, each window its own (utils.reader.distillation)."""
+        with its distributions over each window's context and [CLS], the positions an answer can take
+        (utils.reader.distillation): a shared-normalization teacher never learned its logits on the question."""
         inputs = {k: v for k, v in batch.items() if k in MODEL_INPUTS}
         if self.teacher is not None and self.teacher.layer_pairs:  # the intermediate stage: layers, not answers
             return self.teacher.intermediate_loss(model, inputs)
@@ -91,7 +92,8 @@ class ReaderTask(Task):
         loss = sum(F.cross_entropy(logits.float().masked_fill(padding, -1e4), target)
                    for logits, target in zip((out.start_logits, out.end_logits), labels)) / 2
         if self.teacher is not None:
-            loss = self.teacher.mixed(loss, out.start_logits, out.end_logits, inputs, allowed=~padding)
+            allowed = allowed_positions(batch["context_start"], batch["context_end"], padding.shape[1])
+            loss = self.teacher.mixed(loss, out.start_logits, out.end_logits, inputs, allowed=allowed.to(padding.device))
         return loss
 
     def spans(self, model, eval_set: EvalSet) -> dict:

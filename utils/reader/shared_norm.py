@@ -41,6 +41,15 @@ def shared_norm_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, batch
     return total / (2 * questions)
 
 
+def allowed_positions(context_start: torch.Tensor, context_end: torch.Tensor, width: int) -> torch.Tensor:
+    """windows x positions: where an answer may start or end, each window's context tokens (its first to its last,
+    inclusive) and its [CLS] (the no-answer)."""
+    positions = torch.arange(width)
+    allowed = (positions >= context_start[:, None]) & (positions <= context_end[:, None])
+    allowed[:, 0] = True
+    return allowed
+
+
 def group_batch(windows: list[dict], groups: list[int], answerable: list[bool], pad_token_id: int) -> dict:
     """The model inputs of a batch of questions' windows (each {"input_ids", "attention_mask", "token_type_ids"?,
     "context_start", "context_end", "starts", "ends"}) with what `shared_norm_loss` needs. A question whose answer
@@ -49,11 +58,8 @@ def group_batch(windows: list[dict], groups: list[int], answerable: list[bool], 
     model_keys = [k for k in MODEL_INPUTS if k in windows[0]]
     batch = pad_batch([{k: w[k] for k in model_keys} for w in windows], pad_token_id)
     n, width = batch["input_ids"].shape
-    positions = torch.arange(width)
-    starts_ctx = torch.tensor([w["context_start"] for w in windows])
-    ends_ctx = torch.tensor([w["context_end"] for w in windows])
-    allowed = (positions >= starts_ctx[:, None]) & (positions <= ends_ctx[:, None])
-    allowed[:, 0] = True
+    allowed = allowed_positions(torch.tensor([w["context_start"] for w in windows]),
+                                torch.tensor([w["context_end"] for w in windows]), width)
     start_target = torch.zeros(n, width, dtype=torch.bool)
     end_target = torch.zeros(n, width, dtype=torch.bool)
     group = torch.tensor(groups)

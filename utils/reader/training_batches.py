@@ -61,6 +61,7 @@ def training_batches(accelerator, tokenizer, examples: list[dict], window_config
     inputs = [c for c in MODEL_INPUTS if c in windows.column_names]
     sampler = LengthGroupedBatchSampler([len(x) for x in windows["input_ids"]], batch_size, seed, group_by_length,
                                         epoch_items=epoch_items)
-    loader = DataLoader(windows.select_columns(inputs + ["start_positions", "end_positions"]),
+    loader = DataLoader(windows.select_columns(inputs + ["start_positions", "end_positions", "context_start",
+                                                         "context_end"]),
                         batch_sampler=sampler, collate_fn=collate, generator=generator)
     return TrainingBatches(loader, None, len(windows))

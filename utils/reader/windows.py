@@ -13,6 +13,9 @@ from utils.errors import UserError
 from utils.loop.args import check_max_length
 
 LABELS = ("answer", "spans", "offsets")  # what a window carries: see prepare_windows
+# Raised whenever what prepare_windows writes changes (its columns, its labels): part of the cache key of tokenised
+# windows (utils.reader.windows_cache), so that a cache written by an older version is never read as this one's.
+WINDOWS_FORMAT = 2
 
 
 def load_tokenizer(model_name_or_path: str, max_seq_length: int):
@@ -50,7 +53,8 @@ def prepare_windows(batch, tokenizer, max_seq_length, doc_stride, max_query_leng
                     one_window: bool = False):
     """datasets.map(batched=True) function: (question, context) examples -> windows, each carrying its `labels`:
     "answer" (training): `start_positions`/`end_positions` of the example's first reference answer (SQuAD train has
-    one per question), [CLS] where it is not whole in the window or there is none; "spans" (training with shared
+    one per question), [CLS] where it is not whole in the window or there is none, and where its context starts and
+    ends (the positions a teacher's distribution is compared over, utils.reader.distillation); "spans" (training with shared
     normalization, utils.reader.shared_norm, on (question, passage) pairs): its `pair`, where its context starts and
     ends, and the token spans of every character span of the pair's `spans` it holds whole (`starts`/`ends`: lists,
     empty when it holds none); "offsets" (evaluation and prediction): its `example_id` and the character offsets of
@@ -78,19 +82,21 @@ def prepare_windows(batch, tokenizer, max_seq_length, doc_stride, max_query_leng
             enc["offset_mapping"][i] = [o if seq_ids[k] == 1 else None for k, o in enumerate(enc["offset_mapping"][i])]
         return enc
     offsets_all = enc.pop("offset_mapping")
-    columns = ("start_positions", "end_positions") if labels == "answer" else \
+    columns = ("start_positions", "end_positions", "context_start", "context_end") if labels == "answer" else \
         ("pair", "context_start", "context_end", "starts", "ends")
     for key in columns:
         enc[key] = []
     for i, offsets in enumerate(offsets_all):
         if labels == "answer":
-            answers, whole = batch["answers"][sample_map[i]], []
-            if answers["text"]:
-                first = answers["answer_start"][0]
-                whole = _whole_spans(enc.sequence_ids(i), offsets, [(first, first + len(answers["text"][0]))])[1]
+            answers = batch["answers"][sample_map[i]]
+            first = answers["answer_start"][0] if answers["text"] else 0
+            spans = [(first, first + len(answers["text"][0]))] if answers["text"] else []
+            (ctx_start, ctx_end), whole = _whole_spans(enc.sequence_ids(i), offsets, spans)
             start, end = whole[0] if whole else (0, 0)  # [CLS]: no answer in this window
             enc["start_positions"].append(start)
             enc["end_positions"].append(end)
+            enc["context_start"].append(ctx_start)
+            enc["context_end"].append(ctx_end)
             continue
         (ctx_start, ctx_end), whole = _whole_spans(enc.sequence_ids(i), offsets, batch["spans"][sample_map[i]])
         enc["pair"].append(batch["pair"][sample_map[i]])

@@ -8,7 +8,7 @@ import os
 import datasets
 
 from utils.reader.config import WindowConfig
-from utils.reader.windows import prepare_windows
+from utils.reader.windows import WINDOWS_FORMAT, prepare_windows
 
 datasets.disable_progress_bars()  # one bar per tokenisation pass and cache load: noise, not information
 
@@ -22,7 +22,7 @@ def tokenize_windows(accelerator, tokenizer, examples: list[dict], window_config
     settings = dict(max_seq_length=c.max_seq_length, doc_stride=c.doc_stride, max_query_length=c.max_query_length,
                     labels=labels, one_window=one_window)
     return cached_map(accelerator, examples, prepare_windows, dict(tokenizer=tokenizer, **settings),
-                      dict(vocab=vocab, **settings), c.cache_dir, c.preprocessing_num_workers)
+                      dict(vocab=vocab, format=WINDOWS_FORMAT, **settings), c.cache_dir, c.preprocessing_num_workers)
 
 
 def cached_map(accelerator, examples: list[dict], fn, fn_kwargs: dict, key_parts: dict, cache_dir: str | None,
