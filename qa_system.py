@@ -186,11 +186,12 @@ def main(argv=None):
             v_folds = cross_fit_folds(validation)
         source = ("given" if args.no_answer_threshold is not None else
                   "tuned on this very file: an upper bound (crossfit: each half of its articles answered as tuned on "
-                  "the other)" if same_file else
+                  "the other)" if same_file and v_folds else
+                  "tuned on this very file: an upper bound (one article: no folds to cross-fit over)" if same_file else
                   f"tuned on {args.validation_file}" if validation is not None else "the reader's recorded threshold")
         if v_readings is not None and args.retriever_weight is None:
             source += ("; the weight cross-fitted over two folds of its articles" if v_folds else
-                       "; the weight tuned on it as a whole (one article: no folds)")
+                       "; the weight tuned on it as a whole")
 
         def tuned(tuning_readings, kk, fuse=True):
             """(retriever weight, threshold, calibration) at kk: given, tuned and fitted on the
@@ -212,16 +213,22 @@ def main(argv=None):
 
         def crossfitted(kk):
             """EM/F1 of the validation questions (here the questions answered), each fold of whole articles answered
-            at the weight and threshold tuned on the other, as tuned() tunes them: the row's score on articles it was
-            not tuned on, where the row itself is an upper bound."""
+            at the weight and threshold tuned on the other, as tuned() tunes them, and moved to
+            --unanswerable_share as the row's are (by the calibration given, or fitted on the other fold): the
+            row's score on articles it was not tuned on, where the row itself is an upper bound."""
             of = {q["id"]: r for q, r in zip(validation, v_readings)}
+            given = tuple(args.no_answer_calibration) if args.no_answer_calibration else None
 
             def combined(qs, weight):
                 return combined_at([of[q["id"]] for q in qs], kk, system.shared, weight)
 
-            grid = weight_grid(args.retriever_weight)
-            return crossfit(v_folds, lambda others: tune(others, lambda w: combined(others, w), grid,
-                                                         cross_fit_folds(others)), combined)[0]
+            def settle(others):
+                weight, threshold = tune(others, lambda w: combined(others, w), weight_grid(args.retriever_weight),
+                                         cross_fit_folds(others))
+                if args.unanswerable_share is not None:
+                    threshold = moved(threshold, given or fit_calibration(others, combined(others, weight)))[0]
+                return weight, threshold
+            return crossfit(v_folds, settle, combined)[0]
 
         def moved(threshold, calibration):
             """(threshold, calibration, why not moved) at --unanswerable_share. A calibration fitted with a slope not

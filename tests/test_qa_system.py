@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from benchmarks.qa_crossfit import readings_of
 from conftest import ROOT, SAMPLE, as_from_a_shell, assert_user_error, run_script
 from test_distributed import run_ddp
 from tolerance import assert_answered_alike, assert_predictions_alike, assert_ranked_alike
@@ -19,7 +20,10 @@ from utils.errors import UserError
 from utils.reader.trained import Reader
 from utils.search.bm25 import BM25
 from utils.search.index import Index
-from utils.system.measure import RETRIEVER_WEIGHTS
+from utils.files.folds import cross_fit_folds
+from utils.files.squad import load_questions
+from utils.system.answer import at_share
+from utils.system.measure import RETRIEVER_WEIGHTS, combined_at, crossfit, fit_calibration, tune, weight_grid
 from utils.system.pipeline import QASystem
 
 
@@ -135,6 +139,20 @@ def test_the_threshold_tuned_on_the_file_it_scores_is_called_an_upper_bound_and_
         assert (cells[1], cells[2]) == (f"{row['f1']:.2f}", f"{row['crossfit']['f1']:.2f}")
 
 
+def test_a_file_of_one_article_is_tuned_on_whole_and_no_row_claims_to_be_cross_fitted(models, tmp_path):
+    """One article has no folds: the weight and threshold are tuned on it whole, the rows are an upper bound, and
+    neither the source nor any row says they were cross-fitted."""
+    document = json.load(open(f"{SAMPLE}/dev.json"))
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({**document, "data": document["data"][:1]}))
+    out = str(tmp_path / "qa")
+    qa(models, out, "--questions", one, "--validation_file", one)
+    results = json.load(open(f"{out}/eval_results.json"))
+    assert results["threshold_source"] == ("tuned on this very file: an upper bound (one article: no folds to "
+                                           "cross-fit over); the weight tuned on it as a whole")
+    assert not any("crossfit" in row for row in results["rows"])
+
+
 def test_the_api_at_a_runs_settings_answers_as_the_run(models, tmp_path):
     """What a user copies from a run's row (serve.py --retriever_weight --no_answer_threshold) answers as it did."""
     out = str(tmp_path / "qa")
@@ -159,6 +177,24 @@ def test_the_api_at_a_runs_settings_answers_as_the_run(models, tmp_path):
         [a["answer"] for a in system.ask([q["question"] for q in questions], k=3, threshold=None)]  # it weighs
 
 
+def assert_crossfit_at_share(out, share, calibration=None):
+    """Each row's cross-fitted score is at the same share as the row: each fold answered at the weight and threshold
+    tuned on the other, the threshold moved to `share` by the calibration given, or else fitted there (by hand from
+    details.jsonl's readings)."""
+    readings, shared = readings_of(f"{out}/details.jsonl")
+    questions = load_questions(f"{SAMPLE}/dev.json", need_context=False)
+    for row in json.load(open(f"{out}/eval_results.json"))["rows"]:
+        def combined(qs, w, k=row["k"]):
+            return combined_at([readings[q["id"]] for q in qs], k, shared, w)
+
+        def settle(others):
+            weight, threshold = tune(others, lambda w: combined(others, w), weight_grid(), cross_fit_folds(others))
+            a, b, fitted = calibration or fit_calibration(others, combined(others, weight))
+            return weight, threshold if a <= 0 else at_share(threshold, (a, b, fitted), share)[0]
+        expected = crossfit(cross_fit_folds(questions), settle, combined)[0]
+        assert row["crossfit"] == {k: pytest.approx(expected[k]) for k in row["crossfit"]}
+
+
 def test_the_share_moves_each_rows_cut_by_its_odds_and_the_api_given_it_answers_as_the_run(models, tmp_path):
     """--unanswerable_share S: each row's threshold moves from the one tuned on --validation_file by
     -(log_odds(S) - log_odds(fitted share)) / a (by hand from the row), the row is scored there (its predictions
@@ -167,6 +203,11 @@ def test_the_share_moves_each_rows_cut_by_its_odds_and_the_api_given_it_answers_
 
     out = str(tmp_path / "qa")
     qa(models, out, "--validation_file", f"{SAMPLE}/dev.json", "--unanswerable_share", 0.9, "--top_k", 3)
+    assert_crossfit_at_share(out, 0.9)
+    given = str(tmp_path / "calibrated")  # a calibration given, whose slope moves every cut
+    qa(models, given, "--validation_file", f"{SAMPLE}/dev.json", "--unanswerable_share", 0.9, "--top_k", 3,
+       "--no_answer_calibration", 0.5, -1.0, 0.2)
+    assert_crossfit_at_share(given, 0.9, (0.5, -1.0, 0.2))
     for row in json.load(open(f"{out}/eval_results.json"))["rows"]:
         a, b, fitted = row["no_answer_calibration"]  # fitted per k: this tiny reader's slope may come out negative
         if a > 0:
