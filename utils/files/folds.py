@@ -24,18 +24,89 @@ def articles_of(examples: list[dict]) -> dict[str, list[dict]]:
 
 def article_folds(questions: list[dict], folds: int = 2) -> list[list[dict]]:
     """`folds` lists of labelled questions (utils.files.squad: the flat layout), each article (article_of) whole in
-    one: first the articles that hold an unanswerable question, then the rest, each in file order to the fold with
-    the fewest questions so far (the first on a tie), so that every fold holds both kinds of article where there are
-    enough of them. Fewer articles than folds is a UserError: a fold would be empty."""
-    articles = articles_of(questions)
+    one, the folds as even as whole articles allow in both their number of questions and their number of unanswerable
+    ones (so in their share of them too: a cross-fitted score then measures other articles, not another share of
+    unanswerable questions). Articles are dealt largest first, each to the fold it evens out most, then moved or
+    swapped between folds while that evens them out more (`_imbalance`); every step is deterministic, ties going to
+    the earlier fold and article. Each fold lists its articles in file order. Fewer articles than folds is a
+    UserError: a fold would be empty."""
+    articles = list(articles_of(questions).values())
     if len(articles) < folds:
         raise UserError(f"{len(articles)} article(s): {folds} folds of whole articles need at least {folds}")
+    sizes = [(len(a), sum(map(is_impossible, a))) for a in articles]
+    where = [-1] * len(articles)
+    totals = [[0, 0] for _ in range(folds)]
+
+    def place(i, f):
+        if where[i] >= 0:
+            totals[where[i]][0] -= sizes[i][0]
+            totals[where[i]][1] -= sizes[i][1]
+        where[i] = f
+        totals[f][0] += sizes[i][0]
+        totals[f][1] += sizes[i][1]
+
+    overall = [sum(n for n, _ in sizes), sum(u for _, u in sizes)]
+    for i in sorted(range(len(articles)), key=lambda i: (-sizes[i][0], -sizes[i][1], i)):
+        best = None
+        for f in range(folds):
+            place(i, f)
+            cost = _imbalance(totals, overall, where)
+            if best is None or cost < best[0]:
+                best = (cost, f)
+        place(i, best[1])
+    _even_out(sizes, where, totals, overall, place)
     out = [[] for _ in range(folds)]
-    for unanswerable in (True, False):
-        for article in articles.values():
-            if any(is_impossible(q) for q in article) == unanswerable:
-                min(out, key=len).extend(article)
+    for i, article in enumerate(articles):
+        out[where[i]].extend(article)
     return out
+
+
+def _imbalance(totals: list[list[int]], overall: list[int], where: list[int]) -> float:
+    """How far the folds are from even: the squared deviations of each fold's share of the questions and of the
+    unanswerable questions from 1/folds; once every article is placed (`where` has no -1), an empty fold is worst."""
+    folds = len(totals)
+    if -1 not in where and len(set(where)) < folds:
+        return float("inf")
+    cost = 0.0
+    for n, u in totals:
+        cost += (n / overall[0] - 1 / folds) ** 2
+        if overall[1]:
+            cost += (u / overall[1] - 1 / folds) ** 2
+    return cost
+
+
+def _even_out(sizes, where, totals, overall, place, passes: int = 20) -> None:
+    """Move single articles to another fold, then swap pairs between folds, while that lowers `_imbalance`."""
+    folds, count = len(totals), len(sizes)
+    cost = _imbalance(totals, overall, where)
+    for _ in range(passes):
+        improved = False
+        for i in range(count):
+            for f in range(folds):
+                if f == where[i]:
+                    continue
+                old = where[i]
+                place(i, f)
+                new = _imbalance(totals, overall, where)
+                if new < cost - 1e-12:
+                    cost, improved = new, True
+                else:
+                    place(i, old)
+        for i in range(count if count <= 2000 else 0):  # pairs: quadratic, worth it for the article counts of QA sets
+            for j in range(i + 1, count):
+                a, b = where[i], where[j]
+                if a == b:
+                    continue
+                place(i, b)
+                place(j, a)
+                new = _imbalance(totals, overall, where)
+                if new < cost - 1e-12:
+                    cost, improved = new, True
+                else:
+                    place(i, a)
+                    place(j, b)
+        if not improved:
+            return
 
 
 def cross_fit_folds(questions: list[dict]) -> list[list[dict]] | None:
