@@ -8,6 +8,9 @@ For each fold i, --output_dir gets fold{i}-train.json (the other folds' articles
 (fold i's articles: give it as --validation_file) and, with --passages, fold{i}-passages.json (the corpus's passages
 of the training articles, matched by title with "_" read as a space, as SQuAD and its Wikipedia paragraphs spell
 them): the reader's negative or retrieved passages come from there, so no held-out paragraph is read in training.
+Matching by title needs every article titled and each article's paragraphs in the corpus under its title (all of
+them, or none): otherwise it is refused, since a paragraph under another title would be lost from its fold's corpus
+or, held out, read in training.
 The folds are utils.files.folds's; the recipe and how to read each fold's scores per epoch: docs/READER.md.
 """
 
@@ -29,6 +32,28 @@ def corpus_title(title: str) -> str:
     return title.replace("_", " ").strip()
 
 
+def check_matchable(squad_file: str, passages_file: str, questions: list[dict], passages: list[dict]) -> None:
+    """Each article's passages can be told by its title: refused (one line) where an article has no title (it would
+    match every untitled passage, held-out paragraphs included), or where only some of the corpus passages that
+    hold its paragraphs carry its title (the others would be left out of its fold's corpus, or, held out, kept in
+    the other's)."""
+    for q in questions:
+        if not corpus_title(q["title"] or ""):
+            raise UserError(f"{squad_file}: question {q['id']!r} has no title: its passages cannot be told from a "
+                            "held-out article's by title; give every article a title")
+    titles_of_text = {}
+    for p in passages:
+        titles_of_text.setdefault(p["text"].strip(), set()).add(corpus_title(p["title"]))
+    for title, article in articles_of(questions).items():
+        paragraphs = {q["context"].strip() for q in article}
+        found = [t for t in paragraphs if t in titles_of_text]
+        under = [t for t in found if corpus_title(title) in titles_of_text[t]]
+        if found and len(under) < len(paragraphs):
+            raise UserError(f"--passages {passages_file}: article {title!r}: {len(under)} of its {len(paragraphs)} "
+                            "paragraphs are passages under its title (the rest are elsewhere or under another title): "
+                            "give the corpus every paragraph of an article under the article's title")
+
+
 @exit_on_user_error
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -45,6 +70,8 @@ def main(argv=None):
     questions, _ = load_squad(args.squad_file)
     folds = article_folds(questions, args.folds)
     passages = load_passages(args.passages) if args.passages else None
+    if passages is not None:
+        check_matchable(args.squad_file, args.passages, questions, passages)
     written = []
     for i, held_out in enumerate(folds):
         train = [q for j, fold in enumerate(folds) if j != i for q in fold]

@@ -82,3 +82,27 @@ def test_the_fold_files_train_on_the_other_articles_with_their_passages_only(tmp
                       tmp_path / "one", check=False)
     assert_user_error(proc, "--folds must be at least 2")
     assert not (tmp_path / "one").exists()
+
+
+def test_passages_that_cannot_be_matched_to_their_article_by_title_are_refused(tmp_path):
+    """Untitled articles would match every untitled passage, held-out paragraphs included (a leak); an article whose
+    paragraphs sit in the corpus under its title only in part (some under another spelling of it, say) would lose the
+    rest silently. Both are one-line errors, and nothing is written."""
+    document = json.load(open(f"{SAMPLE}/train.json"))
+    corpus = [json.loads(line) for line in open(f"{SAMPLE}/dpr_passages.jsonl")]
+    untitled = tmp_path / "untitled.json"
+    untitled.write_text(json.dumps({**document, "data": [{**document["data"][0], "title": ""}, *document["data"][1:]]}))
+    proc = run_script("scripts/article_folds.py", untitled, "--passages", f"{SAMPLE}/dpr_passages.jsonl",
+                      "--output_dir", tmp_path / "a", check=False)
+    assert_user_error(proc, "has no title: its passages cannot be told from a held-out article's")
+    title = document["data"][1]["title"]
+    renamed = tmp_path / "renamed.jsonl"  # one of its paragraphs under another spelling of its title
+    first = next(i for i, p in enumerate(corpus) if p["title"] == title)
+    renamed.write_text("".join(json.dumps({**p, "title": title.upper()} if i == first else p) + "\n"
+                               for i, p in enumerate(corpus)))
+    proc = run_script("scripts/article_folds.py", f"{SAMPLE}/train.json", "--passages", renamed, "--output_dir",
+                      tmp_path / "b", check=False)
+    paragraphs = len(document["data"][1]["paragraphs"])
+    assert_user_error(proc, f"article {title!r}: {paragraphs - 1} of its {paragraphs} paragraphs are passages under "
+                            "its title")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
