@@ -5,6 +5,8 @@ import math
 
 import pytest
 
+from utils.reader.decoding import apply_null_threshold
+from utils.reader.metrics import best_null_threshold, squad_metrics
 from utils.system.answer import answer, combine
 
 
@@ -15,6 +17,21 @@ def test_one_rule_for_one_passage_or_many():
     assert (c["text"], c["passage_id"], c["null_minus_best"]) == ("y", "b", 0.2)
     assert answer(c, 0.1) == "" and answer(c, 0.3) == "y" and answer(c, None) == "y"
     assert answer(combine([{"passage_id": "a", "text": "", "score": -math.inf, "null_minus_best": math.inf}]), 5) == ""
+
+
+def test_the_reader_the_system_and_the_threshold_tuner_abstain_by_the_same_rule():
+    """A question exactly at the threshold is answered by the reader's predictions and by the QA system alike, and
+    the threshold the tuner picks (one of the questions' scores) scores, answered by either, what the tuner said."""
+    refs = {"1": ["Ada"], "2": [], "3": ["loom"], "4": []}
+    decoded = {"1": {"text": "Ada", "null_minus_best": -1.0}, "2": {"text": "mill", "null_minus_best": 0.5},
+               "3": {"text": "loom", "null_minus_best": 0.5}, "4": {"text": "weir", "null_minus_best": 2.0}}
+    f1, threshold = best_null_threshold(refs, {i: d["text"] for i, d in decoded.items()},
+                                        {i: d["null_minus_best"] for i, d in decoded.items()})
+    reader = apply_null_threshold(decoded, threshold)
+    system = {i: answer(d, threshold) for i, d in decoded.items()}
+    assert threshold == -1.0 and reader == system == {"1": "Ada", "2": "", "3": "", "4": ""}  # "1" sits at it
+    assert squad_metrics(refs, system)["f1"] == pytest.approx(f1)
+    assert apply_null_threshold(decoded, None) == {i: answer(d, None) for i, d in decoded.items()}
 
 
 def lse(values):

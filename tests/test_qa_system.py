@@ -291,7 +291,7 @@ def test_bad_inputs_are_one_line_errors_before_anything_is_created(models, tmp_p
              (["--retriever", "bm25", "--questions", dev, "--validation_file", dev, "--unanswerable_share", 1],
               "unanswerable_share 1.0: give the expected share of unanswerable questions, strictly between 0 and 1"),
              (["--retriever", "bm25", "--questions", dev, "--no_answer_calibration", 1, 2, 3, 4],
-              "--no_answer_calibration takes A B or A B SHARE (got 4 numbers)")]
+              "calibration (1.0, 2.0, 3.0, 4.0): give A B or A B SHARE")]
     for extra, message in cases:
         assert_user_error(run_script("qa_system.py", *base, *extra, check=False), message)
         assert not out.exists() and not [n for n in os.listdir(tmp_path) if n.startswith(".")], extra

@@ -112,12 +112,17 @@ def _summed_over_windows(span, read) -> float:
     return logsumexp(s for s, _ in held) + logsumexp(e for _, e in held)
 
 
+def abstains(null_minus_best: float, threshold: float | None) -> bool:
+    """The abstain criterion, the one place it is written: no answer when the null score beats the best span by more
+    than `threshold` (strictly: a question at the threshold is answered, which is how utils.reader.metrics.
+    best_null_threshold scores the threshold it picks); None (a SQuAD v1.1 reader) always answers. The reader's
+    predictions (apply_null_threshold) and the QA system's (utils.system.answer.answer) both decide by it."""
+    return threshold is not None and null_minus_best > threshold
+
+
 def apply_null_threshold(decoded: dict, threshold: float | None) -> dict:
-    """{id: answer text}, "" where the null score beats the best span by more than `threshold`. A threshold of
-    None (a model trained on SQuAD v1.1 data, where every question has an answer) always answers."""
-    if threshold is None:
-        return {i: d["text"] for i, d in decoded.items()}
-    return {i: ("" if d["null_minus_best"] > threshold else d["text"]) for i, d in decoded.items()}
+    """{id: answer text}, "" where the reader abstains at `threshold` (`abstains`)."""
+    return {i: ("" if abstains(d["null_minus_best"], threshold) else d["text"]) for i, d in decoded.items()}
 
 
 def span_logits(model, loader, gather=None, progress: str | None = None) -> tuple[list, list]:

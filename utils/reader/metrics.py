@@ -61,7 +61,8 @@ def squad_metrics(references: dict, predictions: dict) -> dict:
 
 def best_null_threshold(references: dict, span_predictions: dict, na_scores: dict, metric="f1") -> tuple[float, float]:
     """Official find_best_thresh: returns (best score in percent, threshold) for predicting "" when
-    na_scores[qid] > threshold. span_predictions are the best non-null answers."""
+    na_scores[qid] > threshold (utils.reader.decoding.abstains: the threshold returned is a question's score, which
+    is then answered). span_predictions are the best non-null answers."""
     exact, f1 = raw_scores(references, span_predictions)
     scores = f1 if metric == "f1" else exact
     has_ans = {q: any(normalize_answer(x) for x in a) for q, a in references.items()}

@@ -43,6 +43,7 @@ import math
 
 from utils.errors import UserError
 from utils.numeric import logsumexp
+from utils.reader.decoding import abstains
 
 # what a passage's reading carries for the shared rule beside its best span: the log-sum-exps of its windows' logits
 READING_STATS = ("null_start", "null_end", "lse_start", "lse_end")
@@ -56,7 +57,7 @@ def with_prior(reading: dict, prior: float) -> dict:
     if not prior:
         return reading
     out = {**reading, "score": reading["score"] + prior, "null_score": reading["null_score"] + prior}
-    for key in ("null_start", "null_end", "lse_start", "lse_end"):
+    for key in READING_STATS:
         if reading.get(key) is not None:
             out[key] = reading[key] + prior / 2
     return out
@@ -109,6 +110,17 @@ def log_odds(p: float) -> float:
     return math.log(p / (1 - p))
 
 
+def check_settings(retriever_weight: float, calibration: tuple | None, share: float | None) -> None:
+    """The answer rule's settings, checked in one place for the Python API and the front ends (one-line errors): a
+    retriever weight of 0 or more, a calibration of A B or A B SHARE, a share it can move to (`check_share`)."""
+    if not retriever_weight >= 0:
+        raise UserError(f"retriever_weight {retriever_weight}: give 0 or more")
+    if calibration is not None and len(calibration) not in (2, 3):
+        raise UserError(f"calibration {tuple(calibration)}: give A B or A B SHARE (the share of unanswerable "
+                        "questions it was fitted on)")
+    check_share(share, calibration)
+
+
 def check_share(share: float | None, calibration: tuple | None) -> None:
     """A share of unanswerable questions that `at_share` can move to: strictly between 0 and 1, with a calibration
     that says the share it was fitted on and whose probability of no answer rises with the log ratio (a > 0)."""
@@ -139,10 +151,8 @@ def at_share(threshold: float | None, calibration: tuple | None, share: float | 
 
 
 def answer(combined: dict, threshold: float | None) -> str:
-    """The answer text, "" when the system abstains (no span anywhere, or the no-answer beats the best span by more
-    than `threshold`)."""
-    if not combined["text"]:
-        return ""
-    if threshold is not None and combined["null_minus_best"] > threshold:
+    """The answer text, "" when the system abstains (no span anywhere, or the reader's rule says so:
+    utils.reader.decoding.abstains)."""
+    if not combined["text"] or abstains(combined["null_minus_best"], threshold):
         return ""
     return combined["text"]

@@ -14,7 +14,7 @@ from utils.retriever.index_writer import build_index
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
 from utils.search.index import Index
-from utils.system.answer import check_share
+from utils.system.answer import check_settings, check_share
 from utils.system.pipeline import QASystem
 
 
@@ -37,12 +37,7 @@ class SystemConfig:
             raise UserError("give a retriever (a trained retriever or bm25) and a reader")
         if self.batch_size < 1:
             raise UserError(f"batch_size must be at least 1 (got {self.batch_size})")
-        if not self.retriever_weight >= 0:
-            raise UserError(f"retriever_weight {self.retriever_weight}: give 0 or more")
-        if self.calibration is not None and len(self.calibration) not in (2, 3):
-            raise UserError(f"calibration {self.calibration}: give (a, b), or (a, b, the share of unanswerable "
-                            "questions it was fitted on)")
-        check_share(self.unanswerable_share, self.calibration)
+        check_settings(self.retriever_weight, self.calibration, self.unanswerable_share)
 
 
 @dataclass
@@ -94,15 +89,11 @@ class SystemArgs(Flags):
             raise UserError("--index holds dense vectors: the BM25 retriever needs --passages")
         if self.index is not None and not os.path.isdir(self.index):
             raise UserError(f"--index {self.index}: no such directory")
-        self.check_at_least_one("batch_size")
-        if self.retriever_weight is not None and not self.retriever_weight >= 0:
-            raise UserError(f"--retriever_weight must be 0 or more (got {self.retriever_weight})")
-        if self.no_answer_calibration is not None and len(self.no_answer_calibration) not in (2, 3):
-            raise UserError(f"--no_answer_calibration takes A B or A B SHARE (got {len(self.no_answer_calibration)} "
-                            "numbers)")
-        if self.unanswerable_share is not None and not (fits_calibration and self.no_answer_calibration is None):
-            check_share(self.unanswerable_share, self.no_answer_calibration)
-        elif self.unanswerable_share is not None and not 0 < self.unanswerable_share < 1:
+        # the settings' own checks (SystemConfig); a front end that fits the calibration itself checks the share's
+        # range alone, since the calibration it moves by is not fitted yet
+        fitted_later = fits_calibration and self.no_answer_calibration is None
+        self.system_config(with_share=not fitted_later)
+        if fitted_later and self.unanswerable_share is not None and not 0 < self.unanswerable_share < 1:
             check_share(self.unanswerable_share, None)  # its range, in the same words
 
     def system_config(self, with_share: bool = True) -> SystemConfig:

@@ -20,7 +20,7 @@ from utils.reader.trained import Reader
 from utils.retriever.retriever import Retriever
 from utils.search.bm25 import BM25
 from utils.search.index import Index, check_k, ranked_passages
-from utils.system.answer import READING_STATS, answer, at_share, check_share, combine
+from utils.system.answer import READING_STATS, answer, at_share, check_settings, combine
 
 NBEST_KEPT = 5  # spans of each passage kept in its reading (its best first)
 
@@ -45,9 +45,7 @@ class QASystem:
         if (passages is None) == (index is None):
             raise UserError("give the corpus as passages, or as an index of it (one of them)")
         self.progress = progress
-        if not retriever_weight >= 0:
-            raise UserError(f"retriever_weight {retriever_weight}: give 0 or more")
-        check_share(unanswerable_share, calibration)
+        check_settings(retriever_weight, calibration, unanswerable_share)
         self.retriever_weight, self.calibration = retriever_weight, calibration
         self.unanswerable_share = unanswerable_share
         self.reader = reader if isinstance(reader, Reader) else Reader(
