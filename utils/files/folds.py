@@ -78,33 +78,30 @@ def _imbalance(totals: list[list[int]], overall: list[int], where: list[int]) ->
 def _even_out(sizes, where, totals, overall, place, passes: int = 20) -> None:
     """Move single articles to another fold, then swap pairs between folds, while that lowers `_imbalance`."""
     folds, count = len(totals), len(sizes)
-    cost = _imbalance(totals, overall, where)
+    cost = [_imbalance(totals, overall, where)]
+
+    def attempt(moves: list[tuple[int, int]]) -> bool:  # (article, fold) moves, kept only if the folds even out
+        before = [(i, where[i]) for i, _ in moves]
+        for i, f in moves:
+            place(i, f)
+        new = _imbalance(totals, overall, where)
+        if new < cost[0] - 1e-12:
+            cost[0] = new
+            return True
+        for i, f in reversed(before):
+            place(i, f)
+        return False
+
     for _ in range(passes):
         improved = False
         for i in range(count):
             for f in range(folds):
-                if f == where[i]:
-                    continue
-                old = where[i]
-                place(i, f)
-                new = _imbalance(totals, overall, where)
-                if new < cost - 1e-12:
-                    cost, improved = new, True
-                else:
-                    place(i, old)
+                if f != where[i]:
+                    improved |= attempt([(i, f)])
         for i in range(count if count <= 2000 else 0):  # pairs: quadratic, worth it for the article counts of QA sets
             for j in range(i + 1, count):
-                a, b = where[i], where[j]
-                if a == b:
-                    continue
-                place(i, b)
-                place(j, a)
-                new = _imbalance(totals, overall, where)
-                if new < cost - 1e-12:
-                    cost, improved = new, True
-                else:
-                    place(i, a)
-                    place(j, b)
+                if where[i] != where[j]:
+                    improved |= attempt([(i, where[j]), (j, where[i])])
         if not improved:
             return
 
