@@ -60,10 +60,13 @@ from utils.reader.squad_data import load_train_and_dev
 from utils.reader.trained import ReaderSettings, check_layers, load_qa_model
 from utils.reader.training_batches import training_batches
 from utils.reader.windows import load_tokenizer
+from utils.retriever.index_writer import index_for_run
 from utils.retriever.retriever import Retriever
+from utils.search.index import Index
 
 logger = logging.getLogger("qa-amp")
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sample")
+TRAINING_INDEX = "retriever_index"  # --retriever without --index: the corpus indexed here, for this run only
 
 
 @dataclass
@@ -123,7 +126,11 @@ class ReaderArgs(TrainArgs):
                                         "title/text/passage_id).")
     retriever: Optional[str] = arg(None, "Rank --passages for each training question with this retriever (trained by "
                                          "train_dpr.py; hybrid where it recorded a dense weight, as the QA system "
-                                         "ranks) instead of BM25: a reader trained on the passages it will be given.")
+                                         "ranks) instead of BM25: a reader trained on the passages it will be given. "
+                                         "--passages is indexed into output_dir/retriever_index by every process, "
+                                         "each its shard (kept: qa_system.py --index takes it), unless --index.")
+    index: Optional[str] = arg(None, "With --retriever, instead of --passages: its index of the corpus "
+                                     "(index_corpus.py), whose shards the processes search.")
     teacher: Optional[str] = arg(None, "Distil from this trained reader (same tokenizer and windows): the loss mixes "
                                        "in its start and end distributions over the same windows, as the student is "
                                        "trained (per question under --passages_per_question; "
@@ -201,18 +208,24 @@ class ReaderArgs(TrainArgs):
                                   self.distil_layers)
 
 
-def retriever_ranking(retriever_dir: str | None, accelerator):
-    """--retriever: `rank(passages, questions, depth)` -> ids, the retriever's ranking as the QA system ranks with it
-    (hybrid where it recorded a dense weight); None (BM25) without one."""
-    if retriever_dir is None:
-        return None
-
-    def rank(passages, questions, depth):  # loaded here: only the process that ranks (the main one) loads it
-        retriever = Retriever(retriever_dir, device=str(accelerator.device))
-        hybrid = retriever.settings.hybrid_by_default
-        index = retriever.index(passages, bm25=hybrid, progress=False)
-        return retriever.rank(index, questions, depth, hybrid)[1]
-    return rank
+def retriever_ranking(config: PassagesConfig, accelerator, output_dir: str, overwrite: bool = False):
+    """--retriever: (the corpus as its index holds it, `rank(questions, depth)` -> (scores, ids), the retriever's
+    ranking as the QA system ranks with it, hybrid where it recorded a dense weight); (None, None): BM25 ranks
+    --passages. The index is --index, or --passages indexed by every process, each its shard, into
+    output_dir/TRAINING_INDEX (a killed run's is resumed; with `overwrite` an earlier run's is built anew); every
+    process searches its share of the shards for every question (a collective): no process embeds or searches the
+    whole corpus alone."""
+    if config.retriever is None:
+        return None, None
+    retriever = Retriever(config.retriever, device=str(accelerator.device))
+    hybrid = retriever.settings.hybrid_by_default
+    if config.index is None:
+        index = index_for_run(accelerator, retriever, config.passages, os.path.join(output_dir, TRAINING_INDEX),
+                              hybrid, overwrite)
+    else:
+        index = Index.load(config.index, share=(accelerator.process_index, accelerator.num_processes))
+        retriever.check_index(index, f"--index {config.index}")
+    return index.passages, lambda questions, depth: retriever.rank(index, questions, depth, hybrid)
 
 
 @exit_on_user_error
@@ -239,9 +252,10 @@ def main(argv=None):
     data_config = args.config(DataConfig)
     train_examples, dev_examples = load_train_and_dev(data_config)
     with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)  # SQuAD v2: tune a threshold
+    corpus, rank = retriever_ranking(passage_config, accelerator, args.output_dir, args.overwrite_output_dir)
     train = training_batches(accelerator, tokenizer, train_examples, window_config, passage_config, collate,
                              batch_size=args.per_device_train_batch_size, group_by_length=args.group_by_length,
-                             seed=args.seed, rank=retriever_ranking(passage_config.retriever, accelerator))
+                             seed=args.seed, corpus=corpus, rank=rank)
     dev = prepare_eval_set(accelerator, tokenizer, dev_examples, window_config, args.per_device_eval_batch_size,
                            collate, name=data_config.dev_name)
     logger.info("train: %d examples -> %d windows; dev: %d examples -> %d windows; SQuAD %s",

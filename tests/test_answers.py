@@ -42,7 +42,7 @@ def test_the_spans_labelled_are_the_occurrences_the_matcher_finds():
     passages = [{"passage_id": "0", "title": "Mill", "text": "Ada's loom stood in the mill."},
                 {"passage_id": "1", "title": "Ada", "text": "It was Ada who built the loom."}]
     example = {"question": "Who built the loom?", "context": "Ada built a loom.", "answers": {"text": ["Ada"]}}
-    (pool,) = passage_pools([example], passages, 2)
+    (pool,) = passage_pools([example], passages, [[0, 1]], 2)
     assert sorted(pool, key=lambda x: x["passage"]) == [{"passage": 0, "spans": []}, {"passage": 1, "spans": [(7, 10)]}]
 
 

@@ -205,6 +205,7 @@ def test_the_loop_a_reader_trained_on_a_retrievers_passages_then_a_retriever_fro
     from train_reader import retriever_ranking
 
     from utils.files.corpus import load_passages
+    from utils.reader.config import PassagesConfig
     from utils.reader.passages import ranked_passages
     from utils.retriever.retriever import Retriever
 
@@ -212,20 +213,28 @@ def test_the_loop_a_reader_trained_on_a_retrievers_passages_then_a_retriever_fro
     passages = load_passages(f"{SAMPLE}/dpr_passages.jsonl")
     questions = [q["question"] for q in json.load(open(f"{SAMPLE}/dpr_dev.json"))[:8]]
     examples = [{"question": q} for q in questions]
-    ranked = ranked_passages(examples, passages, 5, retriever_ranking(retriever_dir, Accelerator(cpu=True)))
+    accelerator = Accelerator(cpu=True)
+    config = PassagesConfig(f"{SAMPLE}/dpr_passages.jsonl", passages_per_question=2, retriever=retriever_dir)
+    corpus, rank = retriever_ranking(config, accelerator, str(tmp_path))
+    assert [corpus[j] for j in range(len(corpus))] == passages  # the corpus as its index holds it
+    ranked = ranked_passages(accelerator, examples, corpus, 5, rank)
     retriever = Retriever(retriever_dir, device="cpu")
     hybrid = retriever.settings.hybrid_by_default
     hits = retriever.search(retriever.index(passages, bm25=hybrid, progress=False), questions, 5, hybrid)
     position = {p["passage_id"]: j for j, p in enumerate(passages)}
     assert ranked == [[position[h["passage_id"]] for h in row] for row in hits]
-    assert ranked != ranked_passages(examples, passages, 5)  # not BM25's
+    assert ranked != ranked_passages(accelerator, examples, passages, 5)  # not BM25's
 
     taught, reader = str(tmp_path / "taught"), str(tmp_path / "reader")
     run_script("train_dpr.py", *reader_args(tiny_bert_no_dropout_dir, shared_reader_dir, taught, 8,
                                             "--max_train_steps", 2, "--refresh_negatives_every", 2))
+    index = str(tmp_path / "index")  # the retriever's prebuilt index, searched instead of the corpus re-embedded
+    run_script("index_corpus.py", "--retriever", taught, "--passages", f"{SAMPLE}/dpr_passages.jsonl",
+               "--output_dir", index)
     run_script("train_reader.py", "--model_name_or_path", shared_reader_dir, "--output_dir", reader,
                "--per_device_train_batch_size", 4, "--max_train_steps", 2, "--passages_per_question", 3,
-               "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--retriever", taught, "--eval_before_training", "false")
+               "--index", index, "--retriever", taught, "--eval_before_training", "false")
+    assert not os.path.exists(f"{reader}/retriever_index")
     again = str(tmp_path / "again")
     run_script("train_dpr.py", *reader_args(f"{taught}/query_encoder", reader, again, 8, "--max_train_steps", 2,
                                             "--refresh_negatives_every", 2, "--passage_model_name_or_path",

@@ -8,7 +8,11 @@ import numpy as np
 
 from conftest import SAMPLE, assert_same_weights, assert_user_error, run_killed_at_checkpoint, run_script
 from test_distributed import run_ddp
-from utils.reader.negative_passages import epoch_negatives, negative_pools
+from accelerate import Accelerator
+
+from tolerance import assert_ranked_alike
+from utils.reader.negative_passages import epoch_negatives, negative_depth, negative_pools
+from utils.reader.passages import ranked_passages
 from utils.files.squad import load_squad
 from utils.files.answers import answer_patterns, holds_answer, normalized
 from utils.files.corpus import load_passages
@@ -17,7 +21,8 @@ from utils.files.corpus import load_passages
 def test_negative_passages_hold_no_answer_and_are_not_the_questions_own_paragraph():
     examples, _ = load_squad(f"{SAMPLE}/train.json")
     passages = load_passages(f"{SAMPLE}/dpr_passages.jsonl")
-    pools = negative_pools(examples, passages, 2)
+    pools = negative_pools(examples, passages, ranked_passages(Accelerator(cpu=True), examples, passages,
+                                                               negative_depth(2)), 2)
     assert sum(len(p) for p in pools) > 4 * len(examples)
     for ex, pool in zip(examples, pools):
         assert len(pool) <= 8 and len(set(pool)) == len(pool)
@@ -55,6 +60,24 @@ def test_a_killed_run_with_negatives_resumes_to_the_same_weights(tiny_bert_dir, 
     assert_same_weights(os.path.join(ref, "model.safetensors"), os.path.join(out, "model.safetensors"))
 
 
+def test_an_index_is_the_retrievers_corpus_in_place_of_the_passages(tmp_path):
+    import pytest
+
+    from utils.errors import UserError
+    from utils.reader.config import PassagesConfig
+
+    corpus = f"{SAMPLE}/dpr_passages.jsonl"
+    cases = [(dict(index=str(tmp_path), passages_per_question=2), "--index is the --retriever's index"),
+             (dict(index=str(tmp_path), passages=corpus, retriever=str(tmp_path), passages_per_question=2),
+              "not both"),
+             (dict(index=str(tmp_path / "nowhere"), retriever=str(tmp_path), passages_per_question=2),
+              "nowhere: no such directory"),
+             (dict(index=str(tmp_path), retriever=str(tmp_path)), "--index is for")]
+    for kwargs, message in cases:
+        with pytest.raises(UserError, match=message):
+            PassagesConfig(**{"passages": None, **kwargs})
+
+
 def test_negatives_need_their_corpus_and_a_retriever_its_passages(tiny_bert_dir, tmp_path):
     proc = run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", tmp_path / "o",
                       "--negative_passages", 1, check=False)
@@ -79,40 +102,68 @@ RANK_IN_TWO_PROCESSES = '''
 import json, os, sys
 sys.path.insert(0, {root!r})
 from accelerate import Accelerator
-from transformers import AutoTokenizer
+from train_reader import retriever_ranking
 from utils.files.corpus import load_passages
 from utils.files.squad import load_squad
-from utils.reader.config import WindowConfig
-from utils.reader.negative_passages import with_negative_passages
+from utils.reader.config import PassagesConfig
+from utils.reader.negative_passages import negative_depth, negative_pools
 from utils.reader.passages import ranked_passages
-from utils.reader.windows_cache import tokenize_windows
+from utils.retriever.retriever import Retriever
+from utils.search.bm25 import BM25
 
-out = sys.argv[1]
+out, retriever_dir = sys.argv[1], sys.argv[2]
 acc = Accelerator(cpu=True)
-calls = []
+encoded, bm25_searches = [], []
+encode, search = Retriever.encode_passages, BM25.search
 
-def rank(passages, questions, depth):  # BM25's ranking, counted: what a trained retriever's encoder would cost
-    calls.append(len(questions))
-    return ranked_passages([{{"question": q}} for q in questions], passages, depth)
+def counted_encode(self, passages, progress=None):  # the corpus a process embeds
+    encoded.append(len(passages))
+    return encode(self, passages, progress)
 
+def counted_search(self, *args, **kwargs):  # BM25 rankings
+    bm25_searches.append(1)
+    return search(self, *args, **kwargs)
+
+Retriever.encode_passages, BM25.search = counted_encode, counted_search
 examples, _ = load_squad({sample!r} + "/train.json")
-tok = AutoTokenizer.from_pretrained(sys.argv[2])
-config = WindowConfig(max_seq_length=128, doc_stride=32, max_query_length=32, cache_dir=os.path.join(out, "cache"))
-windows = tokenize_windows(acc, tok, examples, config, labels="answer")
-together, epoch_items, pool = with_negative_passages(acc, tok, config, examples, windows,
-                                                     load_passages({sample!r} + "/dpr_passages.jsonl"), 1, 42, rank)
-json.dump({{"calls": calls, "pool": pool, "epoch0": epoch_items(0).tolist()}},
-          open(os.path.join(out, f"rank{{acc.process_index}}.json"), "w"))
+config = PassagesConfig({sample!r} + "/dpr_passages.jsonl", passages_per_question=2, retriever=retriever_dir)
+corpus, rank = retriever_ranking(config, acc, os.path.join(out, "run"))
+dense = ranked_passages(acc, examples, corpus, negative_depth(1), rank)
+dense_pools = negative_pools(examples, corpus, dense, 1)
+scores, ids = rank([ex["question"] for ex in examples], negative_depth(1))
+bm25_searches.clear()  # the hybrid searched the index's BM25 above, on every process: its own share
+bm25 = ranked_passages(acc, examples, load_passages({sample!r} + "/dpr_passages.jsonl"), negative_depth(1))
+json.dump({{"encoded": encoded, "bm25_searches": len(bm25_searches), "dense": dense, "pools": dense_pools,
+           "bm25": bm25, "scored": [list(zip(i.tolist(), s.tolist())) for s, i in zip(scores, ids)]}}, open(os.path.join(out, f"rank{{acc.process_index}}.json"), "w"))
 '''
 
 
-def test_negative_pools_are_ranked_by_the_main_process_alone_and_shared(tmp_path, minilm_dir):
-    """2 processes: the corpus is ranked once, by process 0 (a trained retriever's ranking loads its model and
-    encodes the corpus: not work to repeat on every process), and both train on the same pools."""
+def test_a_retrievers_ranking_is_searched_from_every_process_each_embedding_its_shard(tmp_path, trained_models):
+    """2 processes: train_reader.py --retriever indexes the corpus from both processes, each embedding its own shard
+    (no process embeds, or searches, the whole corpus alone: at 21M passages that is hours and tens of GB), and
+    both search it, each its shards, for the same ranking, the one an in-memory index of the whole corpus gives.
+    BM25's ranking is made by process 0 alone and shared."""
+    from utils.retriever.retriever import Retriever
+
     script = tmp_path / "rank_in_two_processes.py"
     script.write_text(RANK_IN_TWO_PROCESSES.format(root=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                    sample=SAMPLE))
-    run_ddp(str(script), tmp_path, minilm_dir)
+    retriever_dir = trained_models[1]
+    run_ddp(str(script), tmp_path, retriever_dir)
     first, second = (json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1))
-    assert len(first["calls"]) == 1 and second["calls"] == []
-    assert first["pool"] == second["pool"] > 0 and first["epoch0"] == second["epoch0"]
+    passages = load_passages(f"{SAMPLE}/dpr_passages.jsonl")
+    assert 0 < sum(first["encoded"]) < len(passages) and 0 < sum(second["encoded"]) < len(passages)
+    assert sum(first["encoded"]) + sum(second["encoded"]) == len(passages)
+    examples, _ = load_squad(f"{SAMPLE}/train.json")
+    retriever = Retriever(retriever_dir, device="cpu")
+    hybrid = retriever.settings.hybrid_by_default
+    whole = retriever.index(passages, bm25=hybrid, progress=False)  # one process, the corpus in memory
+
+    scores, ids = retriever.rank(whole, [ex["question"] for ex in examples], negative_depth(1), hybrid)
+    alone = [list(zip(i.tolist(), s.tolist())) for s, i in zip(scores, ids)]
+    assert first["dense"] == second["dense"] and first["pools"] == second["pools"]
+    assert first["dense"] == [[j for j, _ in row if j >= 0] for row in first["scored"]]
+    assert_ranked_alike([[(j, s) for j, s in row if j >= 0] for row in first["scored"]],
+                        [[(j, s) for j, s in row if j >= 0] for row in alone])
+    assert first["pools"] == negative_pools(examples, passages, first["dense"], 1)
+    assert (first["bm25_searches"], second["bm25_searches"]) == (1, 0) and first["bm25"] == second["bm25"]

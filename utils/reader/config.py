@@ -69,6 +69,10 @@ class PassagesConfig:
     retriever: Optional[str] = None
     """A retriever trained by train_dpr.py that ranks the corpus for each training question, as the QA system
     ranks with it; None: BM25."""
+    index: Optional[str] = None
+    """Instead of passages, with retriever: an index of the corpus that retriever built (index_corpus.py), whose
+    shards the processes search; None: passages is indexed into the output directory by every process, each its
+    shard."""
 
     def __post_init__(self):
         if self.negative_passages < 0:
@@ -78,11 +82,19 @@ class PassagesConfig:
         if self.negative_passages and self.shared:
             raise UserError("--negative_passages and --passages_per_question are two ways to read retrieved passages: "
                             "give one")
-        if self.retrieving and self.passages is None:
+        if self.index is not None:
+            if self.retriever is None:
+                raise UserError("--index is the --retriever's index of the corpus: give --retriever too")
+            if self.passages is not None:
+                raise UserError("give the corpus as --passages or as the retriever's --index, not both")
+            if not os.path.isdir(self.index):
+                raise UserError(f"--index {self.index}: no such directory")
+        if self.retrieving and self.passages is None and self.index is None:
             raise UserError(f"{'--negative_passages N' if self.negative_passages else '--passages_per_question M'} "
                             "needs --passages (the corpus its passages come from)")
-        if not self.retrieving and self.passages is not None:
-            raise UserError("--passages is for --negative_passages N or --passages_per_question M (more than 1)")
+        if not self.retrieving and (self.passages is not None or self.index is not None):
+            raise UserError(f"--{'passages' if self.passages is not None else 'index'} is for --negative_passages N "
+                            "or --passages_per_question M (more than 1)")
         if self.retriever is not None and not self.retrieving:
             raise UserError("--retriever ranks --passages for --negative_passages N or --passages_per_question M")
         if self.retriever is not None and not os.path.isfile(os.path.join(self.retriever, "retriever_settings.json")):

@@ -7,7 +7,7 @@ import numpy as np
 
 from utils.loop.process import main_process_result
 from utils.reader.config import WindowConfig
-from utils.reader.passages import drawn, passage_pools
+from utils.reader.passages import drawn, passage_pools, pool_depth, ranked_passages
 from utils.reader.shared_norm import group_batch
 from utils.reader.windows_cache import tokenize_windows
 
@@ -15,18 +15,19 @@ from utils.reader.windows_cache import tokenize_windows
 class QuestionGroups:
     """Per training question: its paragraph (pair 0 of its pairs, its labelled answer the target) and its pool of
     retrieved passages; which of the pool it reads in an epoch is `drawn` from (seed, epoch, question). The pools
-    are ranked once, by the main process (BM25's ranking of a large corpus is not work to repeat on every
-    process), and shared with the others."""
+    are ranked once (utils.reader.passages.ranked_passages) and pooled by the main process, and shared with the
+    others."""
 
-    def __init__(self, accelerator, tokenizer, window_config: WindowConfig, examples: list[dict], passages: list[dict],
+    def __init__(self, accelerator, tokenizer, window_config: WindowConfig, examples: list[dict], passages,
                  passages_per_question: int, seed: int, rank=None):
         """`passages`: the corpus; `passages_per_question`: the question's own paragraph and the retrieved passages
         it reads each epoch, drawn with `seed`; `rank`: how the corpus is ranked (utils.reader.passages)."""
         self.passages_per_question, self.seed, self.pad = passages_per_question, seed, tokenizer.pad_token_id
         self.count = passages_per_question - 1  # retrieved passages read with each question in an epoch
-        # Not shared out: every process would hold BM25 (or the retriever) over the whole corpus to rank its share of
-        # the questions, which multiplies the memory by the processes for no gain in time.
-        self.pools = main_process_result(accelerator, lambda: passage_pools(examples, passages, self.count, rank))
+        # BM25 ranks on the main process alone (every process would hold it over the whole corpus to rank its share of
+        # the questions); a trained retriever's index is searched by every process, each its shards
+        ranked = ranked_passages(accelerator, examples, passages, pool_depth(self.count), rank)
+        self.pools = main_process_result(accelerator, lambda: passage_pools(examples, passages, ranked, self.count))
         self.answerable = [bool(ex["answers"]["text"]) for ex in examples]
         pairs, self.first_pair = [], []
         for q, (ex, pool) in enumerate(zip(examples, self.pools)):

@@ -20,19 +20,28 @@ from utils.reader.windows_cache import tokenize_windows
 POOL_PER_NEGATIVE = 4  # a question's pool: this many candidates per negative drawn each epoch
 
 
-def negative_pools(examples: list[dict], passages: list[dict], count: int, rank=None) -> list[list[int]]:
-    """Per example, the indices of its `POOL_PER_NEGATIVE x count` best-ranked passages (BM25's, or `rank`'s:
-    utils.reader.passages.ranked_passages) that are not its own paragraph and hold none of its answer strings
-    (utils.files.answers: normalised, whole tokens)."""
+def negative_pools(examples: list[dict], passages, ranked: list[list[int]], count: int) -> list[list[int]]:
+    """Per example, the indices of its `POOL_PER_NEGATIVE x count` best-ranked passages (`ranked`:
+    utils.reader.passages.ranked_passages, `negative_depth(count)` deep) that are not its own paragraph and hold none
+    of its answer strings (utils.files.answers: normalised, whole tokens). Only the ranked passages are read."""
     pool = POOL_PER_NEGATIVE * count
-    ranked = ranked_passages(examples, passages, pool + 20, rank)
-    texts = [normalized(p["text"]) for p in passages]
     out = []
     for ex, row in zip(examples, ranked):
         own, answers = normalized(ex["context"]), answer_patterns(ex["answers"]["text"])
-        keep = [int(j) for j in row if texts[j] != own and not holds_answer(texts[j], answers)]
-        out.append(keep[:pool])
+        keep = []
+        for j in row:
+            text = normalized(passages[j]["text"])
+            if text != own and not holds_answer(text, answers):
+                keep.append(int(j))
+            if len(keep) == pool:
+                break
+        out.append(keep)
     return out
+
+
+def negative_depth(count: int) -> int:
+    """How deep a ranking the pools of `count` negatives per epoch read."""
+    return POOL_PER_NEGATIVE * count + 20
 
 
 def negative_examples(examples: list[dict], passages: list[dict], pools: list[list[int]]) -> list[dict]:
@@ -57,12 +66,13 @@ def epoch_negatives(pools: list[list[int]], count: int, first: int, seed: int):
 
 
 def with_negative_passages(accelerator, tokenizer, window_config: WindowConfig, examples: list[dict],
-                           windows: datasets.Dataset, passages: list[dict], count: int, seed: int, rank=None):
+                           windows: datasets.Dataset, passages, count: int, seed: int, rank=None):
     """(training windows, epoch -> window indices, pool size): `windows` (those of `examples`) followed by one
     unanswerable window per pool passage of `passages` (the corpus), and each epoch's choice (every real window,
     `count` negatives drawn per question with `seed`); `rank`: ranked_passages'."""
-    # Ranked once, by the main process, and shared: as utils.reader.groups does, for the same reason.
-    pools = main_process_result(accelerator, lambda: negative_pools(examples, passages, count, rank))
+    ranked = ranked_passages(accelerator, examples, passages, negative_depth(count), rank)
+    # Pooled once, by the main process, and shared: as utils.reader.groups does, for the same reason.
+    pools = main_process_result(accelerator, lambda: negative_pools(examples, passages, ranked, count))
     negatives = tokenize_windows(accelerator, tokenizer, negative_examples(examples, passages, pools), window_config,
                                  labels="answer", one_window=True)
     columns = [c for c in windows.column_names if c in negatives.column_names]

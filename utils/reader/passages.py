@@ -16,38 +16,48 @@ unanswerable question are all negatives.
 import numpy as np
 
 from utils.files.answers import answer_patterns, answer_spans, holds_answer, normalized
+from utils.loop.process import main_process_result
 from utils.search.bm25 import BM25
 
 POOL_PER_PASSAGE = 4  # a question's pool: this many candidates per passage drawn each epoch
 
 
-def ranked_passages(examples: list[dict], passages: list[dict], depth: int, rank=None) -> list[list[int]]:
-    """Per example, the indices of its `depth` best-ranked passages: BM25's, or `rank(passages, questions, depth)`'s
-    (ids per question, -1: none; train_reader.py --retriever: a trained retriever's, as the QA system ranks)."""
+def pool_depth(count: int) -> int:
+    """How deep a ranking pools of `count` passages drawn per epoch read: room for the pool, and for the question's
+    own paragraph and the passages left out of it."""
+    return POOL_PER_PASSAGE * count + 20
+
+
+def ranked_passages(accelerator, examples: list[dict], passages, depth: int, rank=None) -> list[list[int]]:
+    """Per example, the indices of its `depth` best-ranked passages of `passages` (the corpus: a list, or an index's
+    passages), the same on every process: BM25's, ranked by the main process alone and shared (BM25 over a large
+    corpus is not work to repeat on every process), or `rank(questions, depth)`'s ((scores, ids) per question, -1:
+    none; a collective every process calls: train_reader.py --retriever, a trained retriever's ranking as the QA
+    system ranks, each process searching its shards of the corpus's index)."""
     questions = [ex["question"] for ex in examples]
     if rank is None:
-        _, ranked, _, _ = BM25(passages).search(questions, depth)
+        ranked = main_process_result(accelerator, lambda: BM25(passages).search(questions, depth)[1])
     else:
-        ranked = rank(passages, questions, depth)
+        ranked = rank(questions, depth)[1]
     return [[int(j) for j in row if j >= 0] for row in ranked]
 
 
-def passage_pools(examples: list[dict], passages: list[dict], count: int, rank=None) -> list[list[dict]]:
-    """Per example, its pool: up to POOL_PER_PASSAGE x `count` of its best-ranked passages (`ranked_passages`) other
-    than its own paragraph, each {"passage": index, "spans": [(start, end) characters]} (spans empty: a negative)."""
+def passage_pools(examples: list[dict], passages, ranked: list[list[int]], count: int) -> list[list[dict]]:
+    """Per example, its pool: up to POOL_PER_PASSAGE x `count` of its best-ranked passages (`ranked`, at least
+    `pool_depth(count)` deep) other than its own paragraph, each {"passage": index, "spans": [(start, end)
+    characters]} (spans empty: a negative). Only the ranked passages are read."""
     size = POOL_PER_PASSAGE * count
-    ranked = ranked_passages(examples, passages, size + 20, rank)
-    texts = [normalized(p["text"]) for p in passages]
     pools = []
     for ex, row in zip(examples, ranked):
         own, answers = normalized(ex["context"]), ex["answers"]["text"]
         patterns = answer_patterns(answers)
         pool = []
         for j in row:
-            if texts[j] == own:
+            text = passages[j]["text"]
+            if normalized(text) == own:
                 continue
-            spans = answer_spans(passages[j]["text"], answers) if answers else []
-            if patterns and holds_answer(texts[j], patterns) and not spans:
+            spans = answer_spans(text, answers) if answers else []
+            if patterns and holds_answer(normalized(text), patterns) and not spans:
                 continue  # says the answer in another form: no span to label, and not a negative
             pool.append({"passage": j, "spans": spans})
             if len(pool) == size:

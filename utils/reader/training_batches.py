@@ -30,17 +30,19 @@ class TrainingBatches:
 
 def training_batches(accelerator, tokenizer, examples: list[dict], window_config: WindowConfig,
                      passage_config: PassagesConfig, collate, *, batch_size: int, group_by_length: bool,
-                     seed: int, rank=None) -> TrainingBatches:
+                     seed: int, corpus=None, rank=None) -> TrainingBatches:
     """The loader of `examples` for the shared loop: `batch_size` windows (or questions, with shared normalization)
-    per process, in an order that is a pure function of (seed, epoch). `rank`: how the passages read besides a
-    question's own are ranked (utils.reader.passages.ranked_passages; None: BM25)."""
+    per process, in an order that is a pure function of (seed, epoch). `corpus`: the passages read besides a
+    question's own (a list, or an index's passages; None: passage_config's file, loaded); `rank`: how they are ranked
+    (utils.reader.passages.ranked_passages; None: BM25)."""
+    if passage_config.retrieving and corpus is None:
+        corpus = load_passages(passage_config.passages)
     # Own generator: creating an iterator must not draw from the global RNG, or a resumed run's dropout masks would
     # differ from an uninterrupted run's.
     generator = torch.Generator().manual_seed(seed)
     if passage_config.shared:  # each question with M - 1 retrieved passages, one softmax over their windows
-        groups = QuestionGroups(accelerator, tokenizer, window_config, examples,
-                                load_passages(passage_config.passages), passage_config.passages_per_question, seed,
-                                rank)
+        groups = QuestionGroups(accelerator, tokenizer, window_config, examples, corpus,
+                                passage_config.passages_per_question, seed, rank)
         sampler = LengthGroupedBatchSampler(groups.lengths, batch_size, seed, group_by_length)
         loader = DataLoader(list(range(len(groups))), batch_sampler=sampler, collate_fn=torch.tensor,
                             generator=generator)
@@ -54,8 +56,8 @@ def training_batches(accelerator, tokenizer, examples: list[dict], window_config
     epoch_items = None  # every window, every epoch
     if passage_config.negative_passages:  # + unanswerable windows from retrieved passages, drawn anew each epoch
         windows, epoch_items, pool = with_negative_passages(
-            accelerator, tokenizer, window_config, examples, windows, load_passages(passage_config.passages),
-            passage_config.negative_passages, seed, rank)
+            accelerator, tokenizer, window_config, examples, windows, corpus, passage_config.negative_passages, seed,
+            rank)
         logger.info("train: + %d negative passages per question per epoch, from a pool of %d",
                     passage_config.negative_passages, pool)
     inputs = [c for c in MODEL_INPUTS if c in windows.column_names]

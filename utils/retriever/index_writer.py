@@ -19,20 +19,23 @@ from utils.files.corpus import byte_ranges, count_lines, stream_passages
 from utils.files.jsonfiles import json_lines, write_json_file
 from utils.retriever.retriever import Retriever
 from utils.search.bm25 import BM25
-from utils.search.index import check_index_target, manifest
+from utils.search.index import Index, check_index_target, manifest
 from utils.search.index_format import (INDEX_FILE, PassageStore, ShardWriter, content_hash, map_shard, read_manifest,
                                        shard_name)
 
 logger = logging.getLogger("qa-amp")
 CHUNK_HASH_PASSAGES = 1024  # passages per corpus hash recorded (and compared on resume)
+CHUNK_PASSAGES = 4096  # passages embedded and written at a time, by default: the unit of resuming, and of memory
 
 
-def check_corpus(accelerator, path: str, chunk_passages: int) -> dict:
-    """The corpus, checked and cut into chunks, the same on every process: {"passages", "chunks": [(first passage,
-    start byte, end byte)], "hashes"}. Each process streams one byte range of the file and checks every passage
+def check_corpus(accelerator, path: str, chunk_passages: int | None) -> dict:
+    """The corpus, checked and cut into chunks, the same on every process: {"passages", "chunk_passages", "chunks":
+    [(first passage, start byte, end byte)], "hashes"}. Each process streams one byte range of the file and checks every passage
     as the one corpus loader does; the ids' hashes are gathered, so that a duplicate anywhere in the corpus is found
     before anything is written. Chunks are every `chunk_passages` passages of the whole corpus (whatever the
-    number of processes), so a chunk, and the vectors it gets, do not depend on how the work is shared. A UserError
+    number of processes), so a chunk, and the vectors it gets, do not depend on how the work is shared; None:
+    CHUNK_PASSAGES, or fewer where that leaves a process without a chunk (an index built for one run, whose every
+    process should embed its share however small the corpus). A UserError
     on any process stops every process with the first message."""
     world, rank = accelerator.num_processes, accelerator.process_index
     start, stop = byte_ranges(path, world)[rank]
@@ -62,12 +65,15 @@ def check_corpus(accelerator, path: str, chunk_passages: int) -> dict:
     failure = broadcast_object_list([failure])[0] if world > 1 else failure
     if failure:
         raise UserError(failure)
+    total = int(sum(counts))
+    if chunk_passages is None:
+        chunk_passages = max(1, min(CHUNK_PASSAGES, -(-total // world)))
     mine = int(np.sum(counts[:rank]))  # the global position of this range's first passage
     starts = [(g, int(offsets[g - mine])) for g in range(-(-mine // chunk_passages) * chunk_passages,
                                                            mine + len(ids), chunk_passages)]
     starts = sorted(x for part in gather_object([starts]) for x in part)
     ends = [b for _, b in starts[1:]] + [os.path.getsize(path)]
-    return {"passages": int(sum(counts)), "chunks": [(g, b, e) for (g, b), e in zip(starts, ends)],
+    return {"passages": total, "chunk_passages": chunk_passages, "chunks": [(g, b, e) for (g, b), e in zip(starts, ends)],
             "hashes": [h for part in gather_object([hashes]) for h in part]}
 
 
@@ -98,21 +104,28 @@ def _duplicate(path: str, hashes: np.ndarray) -> str | None:
     return None  # a hash collision of different ids
 
 
-def corpus_identity(path: str, plan: dict, processes: int, chunk_passages: int) -> dict:
+def corpus_identity(path: str, plan: dict, processes: int) -> dict:
     """What an unfinished index records of its corpus and layout, compared on resume."""
     return {"path": os.path.abspath(path), "bytes": os.path.getsize(path), "passages": plan["passages"],
-            "processes": processes, "chunk_passages": chunk_passages, "hashes": plan["hashes"]}
+            "processes": processes, "chunk_passages": plan["chunk_passages"], "hashes": plan["hashes"]}
 
 
-def _resumable(out: str, existing: dict, built_by: dict, dtype: str, corpus: dict) -> tuple[str | None, dict | None]:
-    """(why the index in `out` cannot be continued, or None; its manifest if it can)."""
-    if existing["complete"]:
+def _resumable(out: str, existing: dict, built_by: dict, dtype: str, corpus: dict,
+               reuse: bool = False) -> tuple[str | None, dict | None]:
+    """(why the index in `out` cannot be continued, or None; its manifest if it can). `reuse`: a complete index of
+    this corpus by this retriever, settings, precision and dtype is taken as it is (whatever the processes)."""
+    if existing["complete"] and not reuse:
         return f"{out}: holds a complete index already: give another --output_dir, or --overwrite_output_dir", None
     differ = [k for k in ("passage_encoder", "settings", "precision") if existing[k] != built_by[k]]
     differ += ["dtype"] if existing["dtype"] != dtype else []
     if differ:
-        return (f"{out}: an unfinished index built with another retriever or settings ({', '.join(differ)} differ): "
-                "give another --output_dir, or --overwrite_output_dir to start over"), None
+        return (f"{out}: {'an' if existing['complete'] else 'an unfinished'} index built with another retriever or "
+                f"settings ({', '.join(differ)} differ): give another --output_dir, or --overwrite_output_dir to start "
+                "over"), None
+    if existing["complete"]:  # reused: the same corpus, however many processes built it
+        same = all(existing.get("corpus", {}).get(k) == corpus[k] for k in ("bytes", "passages", "hashes"))
+        return (None, existing) if same else (f"{out}: a complete index of another corpus: give another "
+                                              "directory", None)
     if existing["corpus"]["processes"] != corpus["processes"]:
         return (f"{out}: an unfinished index started with {existing['corpus']['processes']} processes: resume it "
                 f"with as many (this run has {corpus['processes']})"), None
@@ -123,9 +136,11 @@ def _resumable(out: str, existing: dict, built_by: dict, dtype: str, corpus: dic
     return None, existing
 
 
-def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retriever: Retriever, corpus: dict) -> dict:
+def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retriever: Retriever, corpus: dict,
+                      reuse: bool = False) -> dict:
     """The manifest to build under: a new one, or the unfinished one found (resumed: it must have been started with
-    this retriever, its settings and precision, this dtype, this corpus and as many processes). One-line errors."""
+    this retriever, its settings and precision, this dtype, this corpus and as many processes), or with `reuse` the
+    complete one found of the same (`_resumable`). One-line errors."""
     built_by = retriever.built_by()
     failure, meta = None, None
     if accelerator.is_main_process:
@@ -134,7 +149,7 @@ def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retrie
         except UserError as err:  # an index of another format, say: with overwrite check_index_target decides
             existing, failure = None, None if overwrite else str(err)
         if existing and not overwrite:
-            failure, meta = _resumable(out, existing, built_by, dtype, corpus)
+            failure, meta = _resumable(out, existing, built_by, dtype, corpus, reuse)
         if failure is None and meta is None:
             try:
                 check_index_target(out, overwrite, "--overwrite_output_dir")
@@ -180,19 +195,26 @@ def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, retri
 
 
 def build_index(accelerator, retriever: Retriever, passages: str, output_dir: str, dtype: str = "float32",
-                chunk_passages: int = 4096, bm25: bool | None = None, overwrite: bool = False) -> dict:
+                chunk_passages: int | None = CHUNK_PASSAGES, bm25: bool | None = None, overwrite: bool = False,
+                reuse: bool = False) -> dict:
     """Index the JSON-lines corpus `passages` into `output_dir` with `retriever`, every process a contiguous run of
     the corpus's chunks (a collective: every process calls it); resumes an unfinished build of the same corpus,
     retriever and layout. Returns the complete manifest. `bm25`: also build BM25 (default: when the retriever has
-    a hybrid weight)."""
+    a hybrid weight). `reuse`: a complete index there of the same corpus and retriever is returned as it is (with
+    BM25 where asked)."""
     world, rank = accelerator.num_processes, accelerator.process_index
     corpus_path, out = os.path.realpath(passages), os.path.realpath(output_dir)
     if os.path.commonpath([corpus_path, out]) == out:  # the same answer on every process: no collective needed
         raise UserError(f"{output_dir}: holds the corpus being indexed ({passages}): give another --output_dir "
                         "(replacing the directory would delete the corpus)")
     plan = check_corpus(accelerator, passages, chunk_passages)
-    corpus = corpus_identity(passages, plan, world, chunk_passages)
-    prepare_index_dir(accelerator, output_dir, dtype, overwrite, retriever, corpus)
+    corpus = corpus_identity(passages, plan, world)
+    found = prepare_index_dir(accelerator, output_dir, dtype, overwrite, retriever, corpus, reuse)
+    if found["complete"]:  # reused
+        if (bm25 if bm25 is not None else retriever.settings.hybrid_by_default) and not found.get("bm25"):
+            raise UserError(f"{output_dir}: a complete index without BM25, which the hybrid needs: give another "
+                            "directory")
+        return found
     accelerator.print(f"index: {corpus['passages']} passages, {len(plan['chunks'])} chunks in {world} shard(s), "
                       f"{'sentence windows' if retriever.settings.window_sentences else 'whole passages'}, "
                       f"precision {retriever.precision}, {dtype} vectors -> {output_dir}")
@@ -220,3 +242,14 @@ def build_index(accelerator, retriever: Retriever, passages: str, output_dir: st
         write_json_file(os.path.join(output_dir, INDEX_FILE), meta)
     accelerator.wait_for_everyone()
     return meta
+
+
+def index_for_run(accelerator, retriever: Retriever, passages: str, output_dir: str, bm25: bool,
+                  overwrite: bool = False) -> Index:
+    """The corpus `passages` indexed for one run (qa_system.py given passages, train_reader.py --retriever) into
+    `output_dir` by every process, each its shard, however small the corpus (`check_corpus`'s chunks), and loaded
+    with each process's share of the shards to search (a collective). An unfinished index there is resumed; a
+    complete one of the same corpus and retriever is reused unless `overwrite`."""
+    build_index(accelerator, retriever, passages, output_dir, chunk_passages=None, bm25=bm25, overwrite=overwrite,
+                reuse=True)
+    return Index.load(output_dir, share=(accelerator.process_index, accelerator.num_processes))

@@ -10,7 +10,7 @@ from typing import Literal, Optional
 from utils.errors import UserError
 from utils.loop.args import Flags, arg
 from utils.reader.trained import Reader, check_reader_dir
-from utils.retriever.index_writer import build_index
+from utils.retriever.index_writer import index_for_run
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
 from utils.search.index import Index
@@ -127,8 +127,7 @@ def build_system(config: SystemConfig, accelerator=None, passages: list[dict] | 
             index = retriever.index(passages if passages is not None else config.passages, bm25=hybrid,
                                     progress=progress)
         else:
-            build_index(accelerator, retriever, config.passages, index_dir, bm25=hybrid)
-            index = Index.load(index_dir, share=(accelerator.process_index, accelerator.num_processes))
+            index = index_for_run(accelerator, retriever, config.passages, index_dir, hybrid)
     return QASystem(retriever, reader, index=index, hybrid=config.hybrid, progress=progress,
                     retriever_weight=config.retriever_weight, calibration=config.calibration,
                     unanswerable_share=config.unanswerable_share)
