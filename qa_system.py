@@ -52,10 +52,10 @@ from utils.loop.output_dir import prepare_output_dir, publish_dir
 from utils.loop.process import finish, make_accelerator
 from utils.reader.trained import fingerprint
 from utils.search.index import Index
-from utils.system.answer import READING_STATS, at_share, combine
+from utils.system.answer import READING_STATS, combine
 from utils.system.inputs import SystemArgs, build_system
-from utils.system.measure import (combined_at, crossfit, fit_calibration, labelled, questions_per_second,
-                                  reading_share, recall, scores, tune, weight_grid)
+from utils.system.measure import (Tuning, gold_row, labelled, questions_per_second, reading_share, system_row,
+                                  system_setting)
 from utils.system.pipeline import QASystem, answer_of
 
 logger = logging.getLogger("qa-amp")
@@ -64,7 +64,8 @@ logger = logging.getLogger("qa-amp")
 @dataclass
 class QAArgs(SystemArgs):
     questions: str = arg(None, "Questions to answer: SQuAD v1.1/v2.0 JSON (with answers the system is measured), or "
-                               "JSON lines of {id, question} (optionally context, answers). Every question needs an id.")
+                               "JSON lines of {id, question} (optionally context, answers). Every question needs an "
+                               "id.")
     validation_file: Optional[str] = arg(None, "Labelled SQuAD JSON to tune the system's no-answer threshold and "
                                                "weights on, for each number of passages read (instead of "
                                                "--no_answer_threshold; each weight too unless given): the weight "
@@ -79,6 +80,11 @@ class QAArgs(SystemArgs):
     overwrite_output_dir: bool = arg(False, "Use output_dir even if it holds an earlier run's outputs, a trained "
                                             "model or files of no run of this project: they are replaced.")
     process_group_timeout: int = process_group_timeout_arg()  # an index built from --passages: BM25 by one process
+
+    def tuning(self) -> Tuning:
+        """The answer rule's settings given here; the rest is tuned on --validation_file (utils.system.measure)."""
+        calibration = tuple(self.no_answer_calibration) if self.no_answer_calibration else None
+        return Tuning(self.no_answer_threshold, self.retriever_weight, calibration, self.unanswerable_share)
 
     def validate(self) -> None:
         if not self.questions:
@@ -125,34 +131,28 @@ def answer_all(accelerator, system: QASystem, questions: list[dict], k: int, ban
 
 
 def clamp_k(args, passages: int) -> tuple[list[int], int, str | None]:
-    """(the eval k's, top_k, a note): k's beyond the corpus read every passage, so they are measured once, at its
-    size, and said so."""
+    """(the k's measured: the eval k's and top_k, top_k, a note): k's beyond the corpus read every passage, so they
+    are measured once, at its size, and said so."""
     beyond = [k for k in args.eval_k + [args.top_k] if k > passages]
     note = (f"k = {', '.join(map(str, sorted(set(beyond))))} beyond the {passages} passages of the corpus: read at "
             f"{passages}" if beyond else None)
-    return sorted({min(k, passages) for k in args.eval_k}), min(args.top_k, passages), note
+    top_k = min(args.top_k, passages)
+    return sorted({min(k, passages) for k in args.eval_k} | {top_k}), top_k, note
 
 
 @exit_on_user_error
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
     args = parse_args(QAArgs, argv)
-    accelerator = make_accelerator(args.process_group_timeout)  # each model runs under its own autocast (utils.reader.trained, utils.retriever.retriever)
+    # each model runs under its own autocast (utils.reader.trained, utils.retriever.retriever)
+    accelerator = make_accelerator(args.process_group_timeout)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
     # refused if it holds anything; nothing created before the end
     prepare_output_dir(accelerator, args.output_dir, "evaluate", overwrite=args.overwrite_output_dir)
 
     # --- data: the questions, the corpus -------------------------------------------------------------------
-    questions = load_questions(args.questions, need_context=False)[: args.max_questions]
-    validation = None
-    if args.validation_file:
-        same_path = os.path.realpath(args.validation_file) == os.path.realpath(args.questions)
-        validation = questions if same_path else load_questions(args.validation_file, need_context=False)
-        if not labelled(validation):
-            raise UserError(f"{args.validation_file}: the threshold is tuned on labelled questions (SQuAD JSON with "
-                            "answers)")
-    same_file = validation is not None and fingerprint(validation) == fingerprint(questions)
+    questions, validation, same_file = load_inputs(args)
     accelerator.print(f"qa: retriever={args.retriever} reader={args.reader} questions={len(questions)} "
                       f"corpus={args.passages or args.index} processes={accelerator.num_processes}")
     share = (accelerator.process_index, accelerator.num_processes)
@@ -165,146 +165,98 @@ def main(argv=None):
         system = build_system(args.system_config(with_share=False), accelerator, passages, index,
                               index_dir=os.path.join(out, "index"))
         bands, top_k, clamped = clamp_k(args, len(system.passages))
-        bands = sorted(set(bands) | {top_k})
         k = bands[-1]
-        ranking = "hybrid with BM25" if system.hybrid else "dense" if system.index else "BM25"
-        precisions = system.precisions
-        accelerator.print(f"qa: {len(system.passages)} passages, ranking {ranking}, k={bands}, answer rule "
-                          f"{'question (shared normalization)' if system.shared else 'window'}; precision "
-                          + ", ".join(f"{part} {p}" for part, p in precisions.items())
-                          + (" (as trained)" if args.mixed_precision is None else "") + (f"\nqa: {clamped}" if clamped else ""))
+        announce(accelerator, args, system, bands, clamped)
 
-        # --- answer ------------------------------------------------------------------------------------
+        # --- answer: the questions, and the validation questions where the settings are tuned on them ----
         retrieved, readings, times = answer_all(accelerator, system, questions, k, bands)
-        is_labelled = labelled(questions)
-        gold = read_gold(accelerator, system, questions) if is_labelled and all(q["context"] for q in questions) \
-            else None
+        gold = None  # each question's own paragraph read alone: the reader's ceiling
+        if labelled(questions) and all(q["context"] for q in questions):
+            gold = read_gold(accelerator, system, questions)
         v_readings = v_gold = v_folds = None
         if args.no_answer_threshold is None and validation is not None:
             v_readings = readings if same_file else answer_all(accelerator, system, validation, k, [k])[1]
             v_gold = gold if same_file else read_gold(accelerator, system, validation)
             v_folds = cross_fit_folds(validation)
-        source = ("given" if args.no_answer_threshold is not None else
-                  "tuned on this very file: an upper bound (crossfit: each half of its articles answered as tuned on "
-                  "the other)" if same_file and v_folds else
-                  "tuned on this very file: an upper bound (one article: no folds to cross-fit over)" if same_file else
-                  f"tuned on {args.validation_file}" if validation is not None else "the reader's recorded threshold")
-        if v_readings is not None and args.retriever_weight is None:
-            source += ("; the weight cross-fitted over two folds of its articles" if v_folds else
-                       "; the weight tuned on it as a whole")
 
-        def tuned(tuning_readings, kk, fuse=True):
-            """(retriever weight, threshold, calibration) at kk: given, tuned and fitted on the
-            validation questions, or the reader's threshold with no fusion; gold paragraphs, one passage without a
-            retrieval score, are read unfused."""
-            weight = system.retriever_weight if fuse else 0.0
-            given = tuple(args.no_answer_calibration) if args.no_answer_calibration else None
-            if args.no_answer_threshold is not None:
-                return weight, args.no_answer_threshold, given
-            if tuning_readings is None:
-                return weight, system.recorded_threshold, given
-            grid = weight_grid(args.retriever_weight) if fuse else [weight]
-            weight, threshold = tune(validation, lambda w: combined_at(tuning_readings, kk, system.shared, w), grid,
-                                     v_folds)
-            if given or (not fuse and args.unanswerable_share is None):  # the ceiling needs none unless moved
-                return weight, threshold, given
-            fitted = fit_calibration(validation, combined_at(tuning_readings, kk, system.shared, weight))
-            return weight, threshold, fitted
-
-        def crossfitted(kk):
-            """EM/F1 of the validation questions (here the questions answered), each fold of whole articles answered
-            at the weight and threshold tuned on the other, as tuned() tunes them, and moved to
-            --unanswerable_share as the row's are (by the calibration given, or fitted on the other fold): the
-            row's score on articles it was not tuned on, where the row itself is an upper bound."""
-            of = {q["id"]: r for q, r in zip(validation, v_readings)}
-            given = tuple(args.no_answer_calibration) if args.no_answer_calibration else None
-
-            def combined(qs, weight):
-                return combined_at([of[q["id"]] for q in qs], kk, system.shared, weight)
-
-            def settle(others):
-                weight, threshold = tune(others, lambda w: combined(others, w), weight_grid(args.retriever_weight),
-                                         cross_fit_folds(others))
-                if args.unanswerable_share is not None:
-                    threshold = moved(threshold, given or fit_calibration(others, combined(others, weight)))[0]
-                return weight, threshold
-            return crossfit(v_folds, settle, combined)[0]
-
-        def moved(threshold, calibration):
-            """(threshold, calibration, why not moved) at --unanswerable_share. A calibration fitted with a slope not
-            above 0 (the log ratio does not order the validation questions' no-answers) moves nothing: the row says
-            why."""
-            if args.unanswerable_share is None:
-                return threshold, calibration, None
-            try:
-                return (*at_share(threshold, calibration, args.unanswerable_share), None)
-            except UserError as err:
-                return threshold, calibration, str(err)
-
-        settings = {kk: tuned(v_readings, kk) for kk in bands}
-        # what each k answers with: its settings moved to the expected share of unanswerable questions, if given
-        applied = {kk: (weight, *moved(threshold, calibration))
-                   for kk, (weight, threshold, calibration) in settings.items()}
-
-        # --- measure, write ----------------------------------------------------------------------------
-        rows = []
-        for kk in bands:
-            weight, threshold, calibration = settings[kk]
-            row = {"k": kk, "threshold": threshold, "retriever_weight": weight,
-                   "no_answer_calibration": calibration}
-            if args.unanswerable_share is not None:
-                row.update(unanswerable_share=args.unanswerable_share, threshold_at_share=applied[kk][1],
-                           **({"not_moved": applied[kk][3]} if applied[kk][3] else {}))
-            row.update(questions_per_second=questions_per_second(times, kk, len(questions)),
-                       reading_share=reading_share(times, kk))
-            if is_labelled:
-                row["recall"] = recall(questions, retrieved, kk)
-                combined = combined_at(readings, kk, system.shared, weight)
-                row.update(scores(questions, combined, applied[kk][1]))
-                if args.unanswerable_share is not None:  # what the share changed: the same answers, as tuned
-                    row["at_threshold"] = headline(scores(questions, combined, threshold))
-                if same_file and v_folds:
-                    row["crossfit"] = headline(crossfitted(kk))
-            rows.append(row)
+        # --- measure: each k's setting by the tuning policy (utils/system/measure.py), then what it scores --
+        tuning = args.tuning()
+        settings = {kk: system_setting(tuning, system.recorded_threshold, validation, v_readings, kk, system.shared,
+                                       v_folds) for kk in bands}
+        timing = {kk: {"questions_per_second": questions_per_second(times, kk, len(questions)),
+                       "reading_share": reading_share(times, kk)} for kk in bands}
+        rows = [system_row(tuning, settings[kk], kk, timing[kk], questions, retrieved, readings, system.shared,
+                           v_folds if same_file else None) for kk in bands]
         ceiling = None
-        if gold is not None:
-            _, gold_threshold, gold_calibration = tuned(v_gold, 1, fuse=False)
-            at, _, not_moved = moved(gold_threshold, gold_calibration)
-            combined = combined_at(gold, 1, system.shared)
-            ceiling = {"threshold": gold_threshold, **scores(questions, combined, at)}
-            if args.unanswerable_share is not None:
-                ceiling.update(threshold_at_share=at,
-                               at_threshold=headline(scores(questions, combined, gold_threshold)),
-                               **({"not_moved": not_moved} if not_moved else {}))
-        write_outputs(accelerator, out, questions, retrieved, readings, top_k, applied[top_k][:3], system.shared)
+        if gold is not None:  # the same policy, unfused, on the gold paragraphs
+            ceiling = gold_row(tuning, system_setting(tuning, system.recorded_threshold, validation, v_gold, 1,
+                                                      system.shared, v_folds, fuse=False),
+                               questions, gold, system.shared)
+        source = threshold_source(args, same_file, v_folds, v_readings is not None)
+
+        # --- write -----------------------------------------------------------------------------------------
+        write_outputs(accelerator, out, questions, retrieved, readings, top_k, settings[top_k], system.shared)
         write_json(accelerator, os.path.join(out, "eval_results.json"),
                    {"retriever": args.retriever, "reader": args.reader, "questions": args.questions,
                     "passages": len(system.passages), "hybrid": system.hybrid, "threshold_source": source,
                     "rule": "question" if system.shared else "window",
                     "unanswerable_share": args.unanswerable_share, "processes": accelerator.num_processes,
-                    "precision": precisions,
-                    "precision_as_trained": args.mixed_precision is None, "k_note": clamped, "rows": rows,
-                    "gold_paragraphs": ceiling})
+                    "precision": system.precisions, "precision_as_trained": args.mixed_precision is None,
+                    "k_note": clamped, "rows": rows, "gold_paragraphs": ceiling})
     for r in rows:
         accelerator.print("  ".join(f"{key} {_fmt(value)}" for key, value in r.items()))
     if ceiling:
-        accelerator.print("gold paragraphs (the ceiling): " + "  ".join(f"{key} {_fmt(v)}" for key, v in ceiling.items()))
+        accelerator.print("gold paragraphs (the ceiling): "
+                          + "  ".join(f"{key} {_fmt(v)}" for key, v in ceiling.items()))
     accelerator.print(f"threshold and weights: {source}; predictions.json at k={top_k} in {args.output_dir}")
     finish(accelerator)
+
+
+def load_inputs(args) -> tuple[list[dict], list[dict] | None, bool]:
+    """(the questions, the validation questions or None, whether they are the same questions)."""
+    questions = load_questions(args.questions, need_context=False)[: args.max_questions]
+    validation = None
+    if args.validation_file:
+        same_path = os.path.realpath(args.validation_file) == os.path.realpath(args.questions)
+        validation = questions if same_path else load_questions(args.validation_file, need_context=False)
+        if not labelled(validation):
+            raise UserError(f"{args.validation_file}: the threshold is tuned on labelled questions (SQuAD JSON with "
+                            "answers)")
+    return questions, validation, validation is not None and fingerprint(validation) == fingerprint(questions)
+
+
+def announce(accelerator, args, system: QASystem, bands: list[int], clamped: str | None) -> None:
+    """What the system ranks and reads with, and at which precision."""
+    ranking = "hybrid with BM25" if system.hybrid else "dense" if system.index else "BM25"
+    accelerator.print(f"qa: {len(system.passages)} passages, ranking {ranking}, k={bands}, answer rule "
+                      f"{'question (shared normalization)' if system.shared else 'window'}; precision "
+                      + ", ".join(f"{part} {p}" for part, p in system.precisions.items())
+                      + (" (as trained)" if args.mixed_precision is None else "")
+                      + (f"\nqa: {clamped}" if clamped else ""))
 
 
 def read_gold(accelerator, system: QASystem, questions: list[dict]) -> list[list[dict]]:
     """Each question's own paragraph read alone: the reader's score under the system's rule (its ceiling)."""
     with accelerator.split_between_processes(questions) as mine:
-        part = system.read([q["question"] for q in mine], [[{"passage_id": "gold", "text": q["context"]}] for q in mine])
+        gold = [[{"passage_id": "gold", "text": q["context"]}] for q in mine]
+        part = system.read([q["question"] for q in mine], gold)
         results = [(q["id"], r) for q, r in zip(mine, part)]
     gathered = dict(gather_object(results))
     return [gathered[q["id"]] for q in questions]
 
 
-def headline(metrics: dict) -> dict:
-    """EM, F1 and HasAns/NoAns F1 of a squad_metrics result (what a second threshold's scores are shown with)."""
-    return {k: metrics[k] for k in ("exact", "f1", "HasAns_f1", "NoAns_f1") if k in metrics}
+def threshold_source(args, same_file: bool, folds, tuned: bool) -> str:
+    """Where the rows' thresholds and weights come from, as eval_results.json and the last line say."""
+    source = ("given" if args.no_answer_threshold is not None else
+              "tuned on this very file: an upper bound (crossfit: each half of its articles answered as tuned on "
+              "the other)" if same_file and folds else
+              "tuned on this very file: an upper bound (one article: no folds to cross-fit over)" if same_file else
+              f"tuned on {args.validation_file}" if args.validation_file is not None else
+              "the reader's recorded threshold")
+    if tuned and args.retriever_weight is None:
+        source += ("; the weight cross-fitted over two folds of its articles" if folds else
+                   "; the weight tuned on it as a whole")
+    return source
 
 
 def _fmt(value):
@@ -317,11 +269,11 @@ def write_outputs(accelerator, directory, questions, retrieved, readings, top_k,
     """predictions.json ({id: answer text}, the official SQuAD v2 evaluation's input) and details.jsonl: per
     question its answer at top_k, the passage it was taken from and its score (null on an abstention), its
     offsets in that passage, the log ratio the threshold compares (null_minus_best), and every passage read
-    (retrieval score, best span, span and null scores, null for a passage without a span). `setting`: (retriever
-    weight, threshold, calibration) at top_k."""
+    (retrieval score, best span, span and null scores, null for a passage without a span). `setting`: top_k's
+    (utils.system.measure.Setting), as applied."""
     if not accelerator.is_main_process:
         return
-    retriever_weight, threshold, calibration = setting
+    retriever_weight, threshold, calibration = setting.weight, setting.applied_threshold, setting.applied_calibration
     predictions = {}
     with open(os.path.join(directory, "details.jsonl"), "w", encoding="utf-8") as f:
         for q, passages, reads in zip(questions, retrieved, readings):

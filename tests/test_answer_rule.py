@@ -166,3 +166,69 @@ def test_a_calibration_moved_to_another_share_is_the_one_fitted_there():
     there = fit_calibration(*sample(0.5))
     assert moved[0] == pytest.approx(there[0], abs=0.05) and moved[1] == pytest.approx(there[1], abs=0.08)
     assert there[0] == pytest.approx(1.0, abs=0.05) and there[1] == pytest.approx(0.0, abs=0.05)  # 4x/4 by hand
+
+
+def _validation(seed: int = 0, per_article: int = 6):
+    """Labelled questions in three articles and their readings of 3 passages each, at random."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    questions, readings = [], []
+    for n in range(3 * per_article):
+        answerable = n % 2 == 0
+        questions.append({"id": str(n), "title": "ABC"[n // per_article],
+                          "answers": {"text": ["x"] if answerable else []}})
+        row = []
+        for p in range(3):
+            null, span = rng.normal(0, 2, size=2)
+            row.append({"passage_id": f"{n}-{p}", "retrieval_score": float(rng.normal()),
+                        "text": "x" if answerable and p == 0 else "y", "score": float(span),
+                        "null_score": float(null), "null_minus_best": float(null - span),
+                        "null_start": float(null / 2), "null_end": float(null / 2), "lse_start": float(span / 2 + 1),
+                        "lse_end": float(span / 2 + 1)})
+        readings.append(row)
+    return questions, readings
+
+
+def test_the_tuning_policy_gives_what_is_given_else_the_recorded_threshold_and_moves_it_to_the_share():
+    from utils.system.answer import at_share
+    from utils.system.measure import Tuning, system_setting
+
+    questions, readings = _validation()
+    given = Tuning(threshold=0.5, retriever_weight=2.0, calibration=(1.5, -0.5, 0.5), unanswerable_share=0.2)
+    setting = system_setting(given, 9.0, questions, readings, 3, True, None)
+    moved = at_share(0.5, (1.5, -0.5, 0.5), 0.2)
+    assert (setting.weight, setting.threshold, setting.calibration) == (2.0, 0.5, (1.5, -0.5, 0.5))
+    assert (setting.applied_threshold, setting.applied_calibration, setting.not_moved) == (*moved, None)
+    recorded = system_setting(Tuning(), 9.0, None, None, 3, True, None)
+    assert (recorded.weight, recorded.threshold, recorded.applied_threshold) == (0.0, 9.0, 9.0)
+    flat = system_setting(Tuning(threshold=0.5, calibration=(-1.0, 0.0, 0.5), unanswerable_share=0.2), None,
+                          None, None, 1, True, None)  # a slope below 0 orders nothing: not moved, and why
+    assert flat.applied_threshold == 0.5 and flat.not_moved
+
+
+def test_a_cross_fitted_score_answers_each_fold_at_the_policys_setting_on_the_others_moved_to_the_share():
+    """issue 50 item 6: the cross-fitted score is at the share the row is at, each fold's threshold moved too."""
+    from utils.files.folds import cross_fit_folds
+    from utils.system.answer import answer
+    from utils.system.measure import Tuning, combined_at, crossfitted, scores, system_setting
+
+    questions, readings = _validation()
+    of = {q["id"]: r for q, r in zip(questions, readings)}
+    folds = cross_fit_folds(questions)
+    tuning = Tuning(unanswerable_share=0.1)
+
+    def by_hand(applied: bool) -> float:
+        predictions = {}
+        for i, fold in enumerate(folds):
+            others = [q for j, f in enumerate(folds) if j != i for q in f]
+            setting = system_setting(tuning, None, others, [of[q["id"]] for q in others], 3, True,
+                                     cross_fit_folds(others))
+            cut = setting.applied_threshold if applied else setting.threshold
+            combined = combined_at([of[q["id"]] for q in fold], 3, True, setting.weight)
+            predictions.update({q["id"]: answer(c, cut) for q, c in zip(fold, combined)})
+        ordered = [q for f in folds for q in f]
+        return scores(ordered, [{"text": predictions[q["id"]], "null_minus_best": -1.0} for q in ordered], 0.0)["f1"]
+
+    f1 = crossfitted(tuning, questions, readings, 3, True, folds)["f1"]
+    assert f1 == by_hand(applied=True) != by_hand(applied=False)

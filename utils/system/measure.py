@@ -1,15 +1,18 @@
 """Measuring the QA system as a whole, as Haystack 1.x's Pipeline.eval and facebookresearch/DPR did: end-to-end
 EM/F1 (total, HasAns, NoAns) at each number k of passages read, the retriever's recall@k of an answer-bearing
 passage, the same reader's F1 on the gold paragraphs (the ceiling), and the system threshold tuned on labelled
-questions."""
+questions: the tuning policy (`Tuning`, `system_setting`, `crossfitted`) and the rows it is reported in."""
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
+from utils.errors import UserError
 from utils.files.answers import answer_patterns, holds_answer, normalized
+from utils.files.folds import cross_fit_folds
 from utils.reader.metrics import best_null_threshold, squad_metrics
-from utils.system.answer import CLIP, answer, combine
+from utils.system.answer import CLIP, answer, at_share, combine
 
 
 def labelled(questions: list[dict]) -> bool:
@@ -130,3 +133,125 @@ def reading_share(times: list[dict], kk: int) -> float:
     slowest = max(times, key=lambda t: _answer_seconds([t], kk))
     total = _answer_seconds([slowest], kk)
     return round(1 - slowest["retrieval"] / max(total, 1e-9), 3)
+
+
+# --- the tuning policy: what each k answers with ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The answer rule's settings a front end is given; None: tuned on labelled validation questions where there
+    are some, else the reader's recorded threshold, no fusion and no calibration."""
+
+    threshold: float | None = None  # the no-answer threshold, tuned before
+    retriever_weight: float | None = None  # the retriever's score as a prior (fixed; None: tuned over weight_grid)
+    calibration: tuple | None = None  # (a, b[, share]) of the no-answer probability (fit_calibration's)
+    unanswerable_share: float | None = None  # the share of unanswerable questions expected: the settings move to it
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One k's answer rule as tuned (weight, threshold, calibration) and as applied: moved to the expected share of
+    unanswerable questions (`not_moved`: why it could not be, None when it was or there is no share)."""
+
+    weight: float
+    threshold: float | None
+    calibration: tuple | None
+    applied_threshold: float | None
+    applied_calibration: tuple | None
+    not_moved: str | None = None
+
+
+def moved(tuning: Tuning, weight: float, threshold: float | None, calibration: tuple | None) -> Setting:
+    """The setting applied at the tuning's share: a calibration that cannot move it (a slope not above 0: the log
+    ratio does not order the questions' no-answers) moves nothing, and the setting says why."""
+    if tuning.unanswerable_share is None:
+        return Setting(weight, threshold, calibration, threshold, calibration)
+    try:
+        return Setting(weight, threshold, calibration, *at_share(threshold, calibration, tuning.unanswerable_share))
+    except UserError as err:
+        return Setting(weight, threshold, calibration, threshold, calibration, str(err))
+
+
+def tuned_setting(tuning: Tuning, questions: list[dict], view, folds: list[list[dict]] | None,
+                  fuse: bool = True) -> Setting:
+    """The policy on these labelled questions (`view(weight)`: their combined views): the weight and threshold with
+    the best F1 (`tune`: the weight cross-fitted over `folds`), the calibration fitted unless given (not needed for
+    an unfused reading nothing moves), moved to the share. `fuse` False: no retriever score (gold paragraphs)."""
+    weight, threshold = tune(questions, view, weight_grid(tuning.retriever_weight) if fuse else [0.0], folds)
+    calibration = tuning.calibration
+    if calibration is None and (fuse or tuning.unanswerable_share is not None):
+        calibration = fit_calibration(questions, view(weight))
+    return moved(tuning, weight, threshold, calibration)
+
+
+def system_setting(tuning: Tuning, recorded_threshold: float | None, validation: list[dict] | None,
+                   readings: list[list[dict]] | None, k: int, shared: bool, folds: list[list[dict]] | None,
+                   fuse: bool = True) -> Setting:
+    """What the system answers with when reading k passages: the threshold given, else tuned on the validation
+    questions (`readings`: theirs; None: none to tune on) in folds of whole articles, else the reader's recorded one.
+    `shared`: the shared-normalization rule (utils.system.answer)."""
+    if tuning.threshold is not None or readings is None:
+        weight = (tuning.retriever_weight or 0.0) if fuse else 0.0
+        threshold = recorded_threshold if tuning.threshold is None else tuning.threshold
+        return moved(tuning, weight, threshold, tuning.calibration)
+    return tuned_setting(tuning, validation, lambda w: combined_at(readings, k, shared, w), folds, fuse)
+
+
+def crossfitted(tuning: Tuning, questions: list[dict], readings: list[list[dict]], k: int, shared: bool,
+                folds: list[list[dict]]) -> dict:
+    """EM/F1 of these labelled questions, each fold of whole articles answered at the setting the policy gives on
+    the other folds (moved to the share as the row's is): a setting's score on articles it was not tuned on."""
+    of = {q["id"]: r for q, r in zip(questions, readings)}
+
+    def combined(qs, weight):
+        return combined_at([of[q["id"]] for q in qs], k, shared, weight)
+
+    def settle(others):
+        setting = tuned_setting(tuning, others, lambda w: combined(others, w), cross_fit_folds(others))
+        return setting.weight, setting.applied_threshold
+    return crossfit(folds, settle, combined)[0]
+
+
+# --- the rows: each k's setting and what it scores -------------------------------------------------------------
+
+
+def core_scores(metrics: dict) -> dict:
+    """EM, F1 and HasAns/NoAns F1 of a squad_metrics result (what a second threshold's scores are shown with)."""
+    return {k: metrics[k] for k in ("exact", "f1", "HasAns_f1", "NoAns_f1") if k in metrics}
+
+
+def system_row(tuning: Tuning, setting: Setting, k: int, timing: dict, questions: list[dict],
+               retrieved: list[list[dict]], readings: list[list[dict]], shared: bool,
+               folds: list[list[dict]] | None = None) -> dict:
+    """k's row: its setting, its `timing` (questions_per_second, reading_share), and with labelled questions the
+    retriever's recall and the system's EM/F1 at the setting (at the share, and at the threshold as tuned);
+    `folds`: these questions are the validation questions, so the row is an upper bound and also comes
+    cross-fitted."""
+    share = tuning.unanswerable_share
+    row = {"k": k, "threshold": setting.threshold, "retriever_weight": setting.weight,
+           "no_answer_calibration": setting.calibration}
+    if share is not None:
+        row.update(unanswerable_share=share, threshold_at_share=setting.applied_threshold,
+                   **({"not_moved": setting.not_moved} if setting.not_moved else {}))
+    row.update(timing)
+    if labelled(questions):
+        row["recall"] = recall(questions, retrieved, k)
+        combined = combined_at(readings, k, shared, setting.weight)
+        row.update(scores(questions, combined, setting.applied_threshold))
+        if share is not None:  # what the share changed: the same answers, as tuned
+            row["at_threshold"] = core_scores(scores(questions, combined, setting.threshold))
+        if folds:
+            row["crossfit"] = core_scores(crossfitted(tuning, questions, readings, k, shared, folds))
+    return row
+
+
+def gold_row(tuning: Tuning, setting: Setting, questions: list[dict], gold: list[list[dict]], shared: bool) -> dict:
+    """The ceiling: each labelled question's own paragraph read alone (`gold`), scored at the unfused `setting`."""
+    combined = combined_at(gold, 1, shared)
+    row = {"threshold": setting.threshold, **scores(questions, combined, setting.applied_threshold)}
+    if tuning.unanswerable_share is not None:
+        row.update(threshold_at_share=setting.applied_threshold,
+                   at_threshold=core_scores(scores(questions, combined, setting.threshold)),
+                   **({"not_moved": setting.not_moved} if setting.not_moved else {}))
+    return row
