@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -100,7 +101,8 @@ class ForkServer:
     def __init__(self):
         self.lock, self.proc, self.env = threading.Lock(), None, None
 
-    def run(self, cmd, env, timeout):
+    def run(self, cmd, env, timeout, kill_when=None):
+        """The script's CompletedProcess; `kill_when`: a path whose appearing SIGKILLs the script's process group."""
         if os.environ.get("TESTS_FORKSERVER") == "0":  # to compare, or to rule it out
             return None
         if not self.lock.acquire(blocking=False):  # a test running scripts from several threads: the rest start anew
@@ -113,21 +115,27 @@ class ForkServer:
             frozen = {k for k in env.keys() | self.env.keys() if k.startswith(self.FROZEN_PREFIXES)}
             if any(env.get(k) != self.env.get(k) for k in frozen):
                 return None  # what the libraries read at import differs: a real interpreter
-            return self._run(cmd, env, timeout)
+            return self._run(cmd, env, timeout, kill_when)
         finally:
             self.lock.release()
 
-    def _run(self, cmd, env, timeout):
+    def _run(self, cmd, env, timeout, kill_when):
         with tempfile.TemporaryDirectory() as tmp:
             out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
             self.proc.stdin.write(json.dumps({"argv": cmd[1:], "env": env, "cwd": ROOT, "stdout": out,
                                               "stderr": err}) + "\n")
             self.proc.stdin.flush()
             pid = json.loads(self.proc.stdout.readline())["pid"]
-            if not select.select([self.proc.stdout], [], [], timeout)[0]:
-                os.killpg(pid, signal.SIGKILL)
-                self.proc.stdout.readline()
-                raise subprocess.TimeoutExpired(cmd, timeout)
+            deadline = time.monotonic() + timeout
+            # until it ends: killed when kill_when appears (polled every 10 ms), or at the deadline
+            while not select.select([self.proc.stdout], [], [], 0.01 if kill_when else timeout)[0]:
+                if kill_when and os.path.exists(kill_when):
+                    os.killpg(pid, signal.SIGKILL)
+                    break
+                if time.monotonic() > deadline:
+                    os.killpg(pid, signal.SIGKILL)
+                    self.proc.stdout.readline()
+                    raise subprocess.TimeoutExpired(cmd, timeout)
             status = json.loads(self.proc.stdout.readline())["status"]
             text = [open(path, encoding="utf-8", errors="replace").read() for path in (out, err)]
         return subprocess.CompletedProcess(cmd, status, *text)
@@ -152,19 +160,19 @@ def run_script(script, *args, launcher=None, env=None, check=True, timeout=600):
 def as_from_a_shell():
     """preexec_fn for a child that must see Ctrl-C as a user's shell delivers it: the test runner's workers ignore
     SIGINT, a child inherits that, and Python then installs no KeyboardInterrupt handler."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_killed_at_checkpoint(script, args, out, step):
     """Start `script`, SIGKILL it as soon as checkpoints/step_<step> exists; assert it really died mid-run."""
-    import signal
-    import time
-
     cmd = [sys.executable, os.path.join(ROOT, script), *map(str, args)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     target = os.path.join(out, "checkpoints", f"step_{step}")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = FORK_SERVER.run(cmd, env, 300, kill_when=target)
+    if proc is not None:
+        assert proc.returncode == -signal.SIGKILL, f"the run finished before it could be killed\n{proc.stderr[-3000:]}"
+        return
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not os.path.isdir(target) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)

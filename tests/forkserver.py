@@ -13,6 +13,7 @@ the child ends (a negative status: killed by that signal, as subprocess reports 
 """
 
 import atexit
+import importlib
 import json
 import os
 import runpy
@@ -26,6 +27,15 @@ import numpy  # noqa: F401
 import safetensors.torch  # noqa: F401
 import torch  # noqa: F401
 import transformers  # noqa: F401
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The project's own modules too: through them transformers loads its model classes, datasets and the server's
+# libraries, as long again as the imports above. Imported as the scripts import them (the repository root first),
+# so a fork finds them loaded; a script itself still runs anew as __main__ in each child.
+sys.path.insert(0, ROOT)
+for script in ("train_reader", "train_dpr", "index_corpus", "qa_system", "serve", "make_dpr_data"):
+    importlib.import_module(script)
+sys.path.remove(ROOT)
 
 
 def child(request: dict) -> None:
