@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from utils.errors import UserError, exit_on_user_error
-from utils.loop.args import Flags, arg, parse_args, process_group_timeout_arg
-from utils.loop.process import finish, make_accelerator, peak_memory_mb
 from utils.retriever.index_writer import build_index
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
+from utils.runtime.flags import Flags, arg, parse_args, process_group_timeout_arg
+from utils.runtime.process import finish, make_accelerator, peak_memory_mb
 
 
 @dataclass

@@ -47,10 +47,10 @@ from utils.files.corpus import load_passages
 from utils.files.folds import cross_fit_folds
 from utils.files.jsonfiles import json_line, write_json
 from utils.files.squad import load_questions
-from utils.loop.args import arg, parse_args, process_group_timeout_arg
-from utils.loop.output_dir import prepare_output_dir, publish_dir
-from utils.loop.process import finish, make_accelerator
 from utils.reader.trained import fingerprint
+from utils.runtime.flags import arg, parse_args, process_group_timeout_arg
+from utils.runtime.output_dir import prepare_output_dir, publish_dir
+from utils.runtime.process import finish, make_accelerator
 from utils.search.index import Index
 from utils.system.answer import READING_STATS, combine
 from utils.system.inputs import SystemArgs, build_system

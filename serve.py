@@ -35,7 +35,7 @@ import uvicorn
 
 from utils.errors import UserError, exit_on_user_error
 from utils.files.corpus import load_passages
-from utils.loop.args import arg, parse_args
+from utils.runtime.flags import arg, parse_args
 from utils.search.index import Index
 from utils.system.inputs import SystemArgs, build_system
 from utils.system.server import Limits, create_app

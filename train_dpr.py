@@ -34,11 +34,12 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from utils.errors import UserError, exit_on_user_error
-from utils.loop.args import TrainArgs, arg, check_model_dir, packaged_minilm, parse_args, precision_as_trained
+from utils.loop.args import TrainArgs
 from utils.loop.optim import build_optimizer
-from utils.loop.process import setup
 from utils.loop.run import run
+from utils.loop.setup import setup
 from utils.retriever.bi_encoder import bi_encoder_of, sentence_transformers_defaults
+from utils.runtime.flags import arg, check_model_dir, packaged_minilm, parse_args, precision_as_trained
 from utils.retriever.config import (EncoderConfig, EvaluationConfig, LossConfig, NegativesConfig,
                                     ReaderDistillationConfig)
 from utils.retriever.dpr_task import DPRTask, load_training_data, training_loader

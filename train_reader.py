@@ -46,11 +46,13 @@ from typing import Optional
 
 from utils.errors import UserError, exit_on_user_error
 from utils.files.squad import is_impossible
-from utils.loop.args import TrainArgs, arg, check_model_dir, packaged_minilm, parse_args, precision_as_trained
-from utils.loop.batching import pad_batch
+from utils.loop.args import TrainArgs
 from utils.loop.optim import build_optimizer
-from utils.loop.process import setup, shards_parameters
 from utils.loop.run import run
+from utils.loop.setup import setup
+from utils.runtime.batching import pad_batch
+from utils.runtime.flags import arg, check_model_dir, packaged_minilm, parse_args, precision_as_trained
+from utils.runtime.process import shards_parameters
 from utils.reader.config import (DataConfig, DecodingConfig, DistillationConfig, EvaluationConfig, PassagesConfig,
                                  WindowConfig)
 from utils.reader.distillation import Teacher, check_teacher, fixed_on_resume

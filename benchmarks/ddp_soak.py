@@ -10,7 +10,7 @@ train_dpr.py in turn, on a tiny config-built BERT and the shipped sample, a few 
 `--bare` runs the smallest program that can show the abort instead: Accelerate's MULTI_CPU setup, one
 DDP-wrapped linear layer trained for a few steps, an all-reduce, then exit -- either leaving the process
 group to interpreter shutdown (`keep`), ending with `accelerator.end_training()` (`destroy`, which
-destroys it), or ending with the project's `utils.loop.process.finish()` (`finish`).
+destroys it), or ending with the project's `utils.runtime.process.finish()` (`finish`).
 A run is clean when torchrun exits 0 and no process printed "terminate called" (the gloo abort at exit).
 """
 
@@ -52,7 +52,7 @@ if sys.argv[1] == "destroy":
     acc.end_training()
 elif sys.argv[1] == "finish":  # what both training scripts end with
     sys.path.insert(0, sys.argv[2])
-    from utils.loop.process import finish
+    from utils.runtime.process import finish
     finish(acc)
 """
 
@@ -62,7 +62,7 @@ def main():
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--bare", choices=["keep", "destroy", "finish"], default=None,
                    help="run the bare probe instead of the training scripts, ending it by leaving the process group "
-                        "alive, with accelerator.end_training(), or with the project's utils.loop.process.finish()")
+                        "alive, with accelerator.end_training(), or with the project's utils.runtime.process.finish()")
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="ddp-soak-")
     model, probe = os.path.join(work, "tiny"), os.path.join(work, "bare_probe.py")

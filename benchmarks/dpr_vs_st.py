@@ -31,7 +31,7 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 from benchmarks.amp_benchmark import machine  # noqa: E402  (the project root is on the path from here)
 from utils.files.corpus import load_passages, passage_key  # noqa: E402
 from utils.files.dpr import evaluation_corpus, load_dpr  # noqa: E402
-from utils.loop.args import packaged_minilm  # noqa: E402
+from utils.runtime.flags import packaged_minilm  # noqa: E402
 from utils.search.ranking import gold_ranks, retrieval_metrics  # noqa: E402
 
 

@@ -64,7 +64,7 @@ DATA = {"gpu": dict(squad_train=f"{SHARED}/squad/train.json", squad_dev=f"{SHARE
 
 
 def parse_args():
-    from utils.loop.args import packaged_minilm
+    from utils.runtime.flags import packaged_minilm
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry_run", action="store_true", help="CPU smoke run of the same flow: tiny BERT, shipped sample")

@@ -17,7 +17,8 @@ from qa_system import QAArgs  # noqa: E402
 from serve import ServeArgs  # noqa: E402
 from train_dpr import DPRArgs  # noqa: E402
 from train_reader import ReaderArgs  # noqa: E402
-from utils.loop.args import TrainArgs, packaged_minilm  # noqa: E402
+from utils.loop.args import TrainArgs
+from utils.runtime.flags import packaged_minilm  # noqa: E402
 
 INTROS = {"shared": "Shared flags (both scripts):", "reader": "Reader flags:",
           "dpr": "DPR flags (plus the shared flags above):", "qa": "QA system flags (`qa_system.py`, its own):",

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import utils.loop.optim  # noqa: E402
-import utils.loop.process  # noqa: E402
+import utils.runtime.process  # noqa: E402
 
 
 class CPUFp16Accelerator(accelerate.Accelerator):
@@ -57,7 +57,7 @@ def record_training_batches(directory):
     """Wrap BatchSamplerShard (what each process's loader iterates under DDP) to log the training batches."""
     from accelerate.data_loader import BatchSamplerShard
 
-    from utils.loop.batching import LengthGroupedBatchSampler
+    from utils.runtime.batching import LengthGroupedBatchSampler
 
     iterate = BatchSamplerShard.__iter__
 
@@ -93,7 +93,7 @@ def record_refreshed_negatives(directory):
     DPRTask.refresh_negatives = recording
 
 
-utils.loop.process.Accelerator = CPUFp16Accelerator
+utils.runtime.process.Accelerator = CPUFp16Accelerator
 if os.environ.get("RECORD_BATCHES"):
     record_training_batches(os.environ["RECORD_BATCHES"])
 if os.environ.get("RECORD_NEGATIVES"):

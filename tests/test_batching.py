@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from utils.loop.batching import LengthGroupedBatchSampler, pad_batch
+from utils.runtime.batching import LengthGroupedBatchSampler, pad_batch
 
 
 def padded_fraction(batches, lengths):

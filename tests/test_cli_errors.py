@@ -13,8 +13,8 @@ from conftest import assert_user_error, run_script
 from transformers import AutoTokenizer, RobertaConfig
 
 from train_reader import ReaderArgs
-from utils.loop.args import parse_args
 from utils.errors import UserError
+from utils.runtime.flags import parse_args
 
 
 def quick_run(script, model_dir, out):
@@ -122,7 +122,8 @@ def help_text(cls, capsys) -> str:
 def test_a_percent_sign_in_a_help_text_is_shown_as_written(capsys):
     from dataclasses import dataclass
 
-    from utils.loop.args import TrainArgs, arg
+    from utils.loop.args import TrainArgs
+    from utils.runtime.flags import arg
 
     @dataclass
     class Args(TrainArgs):  # argparse %-formats help texts: a bare "%" made --help crash
@@ -147,7 +148,7 @@ def test_help_says_what_each_flag_does(capsys):
 
 
 def test_max_length_limit_comes_from_the_model_and_its_tokenizer(tiny_bert_dir, tokenizer, tmp_path):
-    from utils.loop.args import check_max_length
+    from utils.max_length import check_max_length
 
     check_max_length(tiny_bert_dir, tokenizer, max_seq_length=512)  # exactly the 512 positions: fine
     with pytest.raises(UserError, match="--max_seq_length 513 is more than the 512 tokens"):

@@ -21,7 +21,7 @@ from utils.reader.reader_task import GroupedReaderTask, ReaderTask
 from utils.reader.shared_norm import shared_norm_loss
 from utils.reader.trained import ReaderSettings
 from utils.reader.windows import prepare_windows
-from utils.loop.batching import pad_batch
+from utils.runtime.batching import pad_batch
 
 
 def softmax(x):

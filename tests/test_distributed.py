@@ -28,7 +28,7 @@ TOL = dict(atol=2e-5, rtol=1e-4)  # float reductions in another order; everythin
 
 def run_ddp(script, *args, check=True):
     """2 CPU processes; exit status 0 (with `check`) and no gloo abort at exit in either process (see
-    utils.loop.process.finish)."""
+    utils.runtime.process.finish)."""
     proc = run_script(script, *args, launcher=TORCHRUN, env=CPU_DDP, check=check)
     assert "terminate called" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
     return proc

@@ -15,7 +15,7 @@ from conftest import ROOT, as_from_a_shell, assert_user_error, run_killed_at_che
 
 from utils.errors import UserError
 from utils.loop.checkpoints import check_resume_fixed
-from utils.loop.output_dir import MARKER, prepare_output_dir, publish_dir, read_marker
+from utils.runtime.output_dir import MARKER, prepare_output_dir, publish_dir, read_marker
 
 
 def tiny_reader(model_dir, out, *extra):
@@ -200,7 +200,7 @@ def test_results_are_strict_json(tiny_bert_dir, tmp_path):
 
 def test_an_evaluation_creates_nothing_until_it_publishes_and_a_finished_one_is_never_silently_reused(tmp_path):
     from utils.errors import UserError
-    from utils.loop.output_dir import write_marker
+    from utils.runtime.output_dir import write_marker
 
     out = tmp_path / "eval"
     accelerator, args = accelerator_and_args(out)
@@ -238,7 +238,7 @@ def test_an_evaluation_creates_nothing_until_it_publishes_and_a_finished_one_is_
 def test_every_script_waits_in_a_collective_as_long_as_process_group_timeout_says(script):
     """The main process alone builds BM25 over the corpus (index_corpus.py) or ranks the reader's passage pools while
     the others wait in a collective: at DPR's scale longer than NCCL's default timeout, which killed the job. Every
-    script builds its Accelerator (utils.loop.process.make_accelerator) with the process group's timeout from
+    script builds its Accelerator (utils.runtime.process.make_accelerator) with the process group's timeout from
     --process_group_timeout (minutes)."""
     import importlib
     import inspect
@@ -246,12 +246,13 @@ def test_every_script_waits_in_a_collective_as_long_as_process_group_timeout_say
 
     from accelerate.utils import InitProcessGroupKwargs
 
-    from utils.loop import process
+    from utils.loop import setup
+    from utils.runtime import process
 
     module = importlib.import_module(script[:-3])
     cls = next(v for k, v in vars(module).items() if k.endswith("Args") and getattr(v, "__module__", "") == module.__name__)
     assert cls.__dataclass_fields__["process_group_timeout"].default > 10  # beyond NCCL's default
-    builds = inspect.getsource(process.setup) if script.startswith("train_") else inspect.getsource(module.main)
+    builds = inspect.getsource(setup.setup) if script.startswith("train_") else inspect.getsource(module.main)
     assert "make_accelerator(" in builds and "Accelerator(" not in builds.replace("make_accelerator(", "")
     handler = process.make_accelerator(90, cpu=True).init_handler
     assert isinstance(handler, InitProcessGroupKwargs) and handler.timeout == timedelta(minutes=90)

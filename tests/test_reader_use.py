@@ -248,7 +248,8 @@ def test_library_warnings_are_not_muted_for_the_whole_process(tmp_path):
     from conftest import ROOT
 
     code = ("import sys, transformers; sys.path.insert(0, {root!r}); before = transformers.logging.get_verbosity()\n"
-            "from utils.loop.args import parse_args\nfrom utils.loop.process import setup\nfrom train_reader import ReaderArgs\n"
+            "from utils.runtime.flags import parse_args\nfrom utils.loop.setup import setup\n"
+            "from train_reader import ReaderArgs\n"
             "setup(parse_args(ReaderArgs, ['--output_dir', {out!r}]).loop_config())\n"
             "assert transformers.logging.get_verbosity() == before, transformers.logging.get_verbosity()")
     subprocess.run([sys.executable, "-c", code.format(root=ROOT, out=str(tmp_path / "o"))], check=True)

@@ -65,7 +65,7 @@ PROBE = textwrap.dedent("""
     import sys, resource
     sys.path.insert(0, {root!r})
     import torch
-    from utils.loop.process import keep_freed_memory
+    from utils.runtime.process import keep_freed_memory
     if sys.argv[1] == "tuned":
         keep_freed_memory(torch.device("cpu"))
     def rss_mib():
@@ -113,7 +113,7 @@ def test_grad_cache_under_deepspeed_is_refused():
 
     from train_dpr import DPRArgs
     from utils.errors import UserError
-    from utils.loop.args import parse_args
+    from utils.runtime.flags import parse_args
     from utils.retriever.config import LossConfig
 
     loss = parse_args(DPRArgs, ["--grad_cache_chunk_size", "4"]).config(LossConfig)
@@ -126,7 +126,7 @@ def test_best_model_keeping_under_sharded_parameters_is_refused_at_start_up():
     from accelerate.utils import DistributedType
 
     from utils.errors import UserError
-    from utils.loop.process import check_layout
+    from utils.runtime.process import check_layout
 
     check_layout(100, DistributedType.MULTI_GPU, None)
     check_layout(100, DistributedType.DEEPSPEED, 2)
@@ -141,7 +141,7 @@ def test_a_compiled_model_is_saved_under_its_own_weight_names():
     wrote nothing for names it did not know. full_state_dict gives the model's own names."""
     from accelerate import Accelerator
 
-    from utils.loop.process import full_state_dict
+    from utils.runtime.process import full_state_dict
 
     accelerator = Accelerator(cpu=True)
     compiled = torch.compile(torch.nn.Sequential(torch.nn.Linear(2, 2)))

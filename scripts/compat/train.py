@@ -14,10 +14,10 @@ from compat.common import (ATOL, RETRIEVERS, ROOT, SAMPLE, SNIPPET_RETRIEVERS, m
 # step's module only to run that step). Third-party packages stay inside the functions, as in every step.
 sys.path.insert(0, ROOT)
 from utils.files.corpus import load_passages  # noqa: E402
-from utils.loop.args import packaged_minilm  # noqa: E402
 from utils.reader import Reader  # noqa: E402
 from utils.retriever import Retriever  # noqa: E402
 from utils.retriever.sentence_windows import sentence_windows  # noqa: E402
+from utils.runtime.flags import packaged_minilm  # noqa: E402
 
 
 def project_retrieval(out):

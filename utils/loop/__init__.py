@@ -1,3 +1,3 @@
-"""The shared training loop and what it stands on: the flags every script shares (args.py) and the configs the loop
-takes (config.py), the Task contract, fit/run, the optimizer, checkpoints, the output directory, process setup and
-exit, batching and GradCache. It knows no particular task."""
+"""The shared training loop: its flags (args.py: TrainArgs) and the configs it takes (config.py), the Task contract,
+a run's setup, fit/run, the optimizer, checkpoints and GradCache. It knows no particular task; the runtime it stands
+on is utils/runtime."""

@@ -26,8 +26,8 @@ from utils.loop.checkpoints import (checkpoint_dir, list_checkpoints, replace_di
                                     save_checkpoint, supersede_later_checkpoints)
 from utils.loop.config import LoopConfig
 from utils.loop.optim import optimizer_step
-from utils.loop.process import bare_model, full_state_dict, tracker_config
 from utils.loop.task import Task
+from utils.runtime.process import bare_model, full_state_dict, tracker_config
 
 logger = logging.getLogger("qa-amp")
 

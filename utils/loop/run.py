@@ -1,6 +1,6 @@
 """`run`: everything a training script does after `accelerator.prepare(model, optimizer, train_loader)`: plan the
 updates, evaluate the starting model, `fit` (utils.loop.fit), then publish the model, the task's outputs and
-eval_results.json together (utils.loop.output_dir)."""
+eval_results.json together (utils.runtime.output_dir)."""
 
 import os
 
@@ -9,9 +9,9 @@ from utils.loop.checkpoints import resolve_resume
 from utils.loop.config import LoopConfig
 from utils.loop.fit import LoopState, Plan, evaluate_without_grad, fit, plan_steps
 from utils.loop.optim import build_scheduler, optimizer_name
-from utils.loop.output_dir import publish_dir
-from utils.loop.process import bare_model, finish, full_state_dict, machine_kind, peak_memory_mb
 from utils.loop.task import Task
+from utils.runtime.output_dir import publish_dir
+from utils.runtime.process import bare_model, finish, full_state_dict, machine_kind, peak_memory_mb
 
 
 def evaluate_before_training(accelerator, config: LoopConfig, task: Task, model) -> dict | None:

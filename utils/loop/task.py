@@ -70,7 +70,7 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     def save(self, model, directory: str, state_dict: dict) -> None:
-        """Write the unwrapped model with the full fp32 `state_dict` (from utils.loop.process.full_state_dict, which
+        """Write the unwrapped model with the full fp32 `state_dict` (from utils.runtime.process.full_state_dict, which
         gathers FSDP/DeepSpeed shards) to `directory`. Called on the main process only."""
         ...
 

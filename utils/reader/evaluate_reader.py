@@ -10,12 +10,12 @@ import torch
 from utils.files.jsonfiles import write_json
 from utils.files.squad import is_impossible, load_questions, load_squad
 from utils.loop.fit import evaluate_without_grad
-from utils.loop.output_dir import publish_dir
-from utils.loop.process import finish
 from utils.reader.config import DecodingConfig, EvaluationConfig, WindowConfig
 from utils.reader.decoding import apply_null_threshold
 from utils.reader.reader_task import ReaderTask, prepare_eval_set
 from utils.reader.trained import ReaderSettings, fingerprint, load_qa_model
+from utils.runtime.output_dir import publish_dir
+from utils.runtime.process import finish
 
 
 def recorded_threshold_label(recorded: ReaderSettings | None, examples: list[dict]) -> str:

@@ -5,11 +5,11 @@ all their passages (utils.reader.shared_norm.group_batch)."""
 
 import numpy as np
 
-from utils.loop.process import main_process_result
 from utils.reader.config import WindowConfig
 from utils.reader.passages import drawn, passage_pools, pool_depth, ranked_passages
 from utils.reader.shared_norm import group_batch
 from utils.reader.windows_cache import tokenize_windows
+from utils.runtime.process import main_process_result
 
 
 class QuestionGroups:

@@ -12,10 +12,10 @@ import datasets
 import numpy as np
 
 from utils.files.answers import answer_patterns, holds_answer, normalized
-from utils.loop.process import main_process_result
 from utils.reader.config import WindowConfig
 from utils.reader.passages import ranked_passages
 from utils.reader.windows_cache import tokenize_windows
+from utils.runtime.process import main_process_result
 
 POOL_PER_NEGATIVE = 4  # a question's pool: this many candidates per negative drawn each epoch
 

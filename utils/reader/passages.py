@@ -16,7 +16,7 @@ unanswerable question are all negatives.
 import numpy as np
 
 from utils.files.answers import answer_patterns, answer_spans, holds_answer, normalized
-from utils.loop.process import main_process_result
+from utils.runtime.process import main_process_result
 from utils.search.bm25 import BM25
 
 POOL_PER_PASSAGE = 4  # a question's pool: this many candidates per passage drawn each epoch

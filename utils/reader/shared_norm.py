@@ -18,8 +18,8 @@ their log ratio, which the no-answer threshold compares.
 
 import torch
 
-from utils.loop.batching import pad_batch
 from utils.reader.decoding import MODEL_INPUTS
+from utils.runtime.batching import pad_batch
 
 NEG = -1e4  # a logit that never wins (fp32-safe)
 

@@ -28,9 +28,9 @@ from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoTokenizer
 
 from utils.errors import UserError
-from utils.loop.batching import pad_batch
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
 from utils.reader.windows import prepare_windows
+from utils.runtime.batching import pad_batch
 
 logger = logging.getLogger("qa-amp")
 

@@ -1,7 +1,7 @@
 """The reader's training batches, one of two ways: the training examples' windows (with negative passages drawn
 anew each epoch, utils.reader.negative_passages, where asked), a batch being windows; or, for shared normalization,
 question groups (utils.reader.groups), a batch being questions, read with all the windows of the passages each
-reads in the epoch. Either way batches group inputs of similar length (utils.loop.batching)."""
+reads in the epoch. Either way batches group inputs of similar length (utils.runtime.batching)."""
 
 import logging
 from dataclasses import dataclass
@@ -11,12 +11,12 @@ from torch.utils.data import DataLoader
 
 from utils.errors import UserError
 from utils.files.corpus import load_passages
-from utils.loop.batching import LengthGroupedBatchSampler
 from utils.reader.config import PassagesConfig, WindowConfig
 from utils.reader.decoding import MODEL_INPUTS
 from utils.reader.groups import QuestionGroups
 from utils.reader.negative_passages import with_negative_passages
 from utils.reader.windows_cache import tokenize_windows
+from utils.runtime.batching import LengthGroupedBatchSampler
 
 logger = logging.getLogger("qa-amp")
 

@@ -10,7 +10,7 @@ Evaluation windows keep the character offsets of context tokens (None elsewhere)
 from transformers import AutoTokenizer
 
 from utils.errors import UserError
-from utils.loop.args import check_max_length
+from utils.max_length import check_max_length
 
 LABELS = ("answer", "spans", "offsets")  # what a window carries: see prepare_windows
 # Raised whenever what prepare_windows writes changes (its columns, its labels): part of the cache key of tokenised

@@ -11,8 +11,8 @@ from transformers import AutoModel
 from transformers.utils import cached_file
 
 from utils.errors import UserError
-from utils.loop.batching import round_up
 from utils.retriever.config import EncoderConfig
+from utils.runtime.batching import round_up
 
 
 def sentence_transformers_defaults(model_name_or_path: str) -> tuple[str | None, bool | None]:

@@ -29,10 +29,8 @@ from utils.files.answers import normalized
 from utils.files.corpus import key_hash, passage_key, text_key, unique_passages
 from utils.files.dpr import load_dpr, training_passages
 from utils.files.jsonfiles import json_line
-from utils.loop.batching import LengthGroupedBatchSampler
 from utils.loop.checkpoints import load_weights
 from utils.loop.grad_cache import grad_cache_step
-from utils.loop.process import bare_model
 from utils.loop.task import Task
 from utils.reader.distillation import distillation_kl
 from utils.retriever.config import EncoderConfig, LossConfig, NegativesConfig, ReaderDistillationConfig
@@ -44,6 +42,8 @@ from utils.retriever.mined_negatives import select_negatives
 from utils.retriever.reader_targets import ReaderTargets, top_passages
 from utils.retriever.sentence_windows import training_windows
 from utils.retriever.settings import RetrieverSettings
+from utils.runtime.batching import LengthGroupedBatchSampler
+from utils.runtime.process import bare_model
 from utils.search.exact import Vectors, dense_search
 from utils.search.fusion import CANDIDATES
 from utils.search.ranking import retrieval_metrics

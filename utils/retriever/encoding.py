@@ -9,8 +9,8 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from utils.errors import UserError
-from utils.loop.args import check_max_length
-from utils.loop.batching import pad_batch
+from utils.max_length import check_max_length
+from utils.runtime.batching import pad_batch
 
 
 class Tokenized:

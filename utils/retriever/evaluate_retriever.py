@@ -9,12 +9,12 @@ import os
 import torch
 
 from utils.files.jsonfiles import json_line, write_json
-from utils.loop.output_dir import publish_dir
-from utils.loop.process import bare_model, finish
 from utils.retriever.bi_encoder import bi_encoder_of
 from utils.retriever.config import EncoderConfig, EvaluationConfig
 from utils.retriever.evaluation import EvaluationData, RetrievalEvaluation
 from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings, encoder_fingerprint
+from utils.runtime.output_dir import publish_dir
+from utils.runtime.process import bare_model, finish
 from utils.search.index import Index
 
 

@@ -20,11 +20,11 @@ from accelerate.utils import gather_object
 
 from utils.files.corpus import key_hash, load_passages, passage_key, unique_passages
 from utils.files.dpr import evaluation_corpus, load_dpr, training_passages
-from utils.loop.process import bare_model
 from utils.retriever.config import EncoderConfig, EvaluationConfig, NegativesConfig
 from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
 from utils.retriever.loss import batch_ranks
 from utils.retriever.sentence_windows import sentence_windows
+from utils.runtime.process import bare_model
 from utils.search.bm25 import BM25
 from utils.search.exact import Vectors, dense_search, score_passages, score_shards
 from utils.search.fusion import (CANDIDATES, convex_fusion, cross_fitted_ranks, fused_gold_ranks, gather_candidates,

@@ -28,7 +28,7 @@ import torch
 
 from utils.errors import UserError
 from utils.files.jsonfiles import write_json_file
-from utils.loop.output_dir import read_marker, staged_directory
+from utils.runtime.output_dir import read_marker, staged_directory
 from utils.search.bm25 import BM25
 from utils.search.exact import score_shards, search_shards
 from utils.search.fusion import gather_candidates, hybrid_ranking
@@ -107,7 +107,7 @@ class Index:
     def save(self, directory: str, overwrite: bool = False) -> None:
         """The index as index_corpus.py writes one (utils.search.index_format), one shard per shard held. A
         directory that holds anything but an index is refused, an index only replaced with `overwrite`; the new
-        index is written beside it and swapped in as a whole (utils.loop.output_dir.staged_directory), so that a
+        index is written beside it and swapped in as a whole (utils.runtime.output_dir.staged_directory), so that a
         crash leaves the old index or the new one, never none or a mix."""
         if self.distributed:
             raise UserError("this index holds one process's share of the shards: save the whole index instead")
@@ -171,7 +171,7 @@ def manifest(built_by: dict, dtype: str, dimension: int, passages: int, shards: 
 def check_index_target(directory: str, overwrite: bool, flag: str = "overwrite=True") -> None:
     """Where an index may be written: a new or empty directory, or with `overwrite` (`flag`: how the caller's user
     asks for it) one this project wrote and marked: an index (its manifest, utils.search.index_format) or a run's
-    outputs (the marker of utils.loop.output_dir). Anything else, a file or a directory that merely holds a file
+    outputs (the marker of utils.runtime.output_dir). Anything else, a file or a directory that merely holds a file
     named index.json, is refused even with `overwrite`: replacing it would delete a user's data (one-line errors)."""
     if os.path.lexists(directory) and not os.path.isdir(directory):
         raise UserError(f"{directory}: is a file, not a directory: save the index to a new or empty directory")

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from utils.errors import UserError
-from utils.loop.args import Flags, arg
 from utils.reader.trained import Reader, check_reader_dir
 from utils.retriever.index_writer import index_for_run
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
+from utils.runtime.flags import Flags, arg
 from utils.search.index import Index
 from utils.system.answer import check_settings, check_share
 from utils.system.pipeline import QASystem
