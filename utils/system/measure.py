@@ -213,6 +213,21 @@ def crossfitted(tuning: Tuning, questions: list[dict], readings: list[list[dict]
     return crossfit(folds, settle, combined)[0]
 
 
+def tuning_source(tuning: Tuning, validation_file: str | None, same_file: bool, folds, tuned: bool) -> str:
+    """Where the rows' thresholds and weights come from, as eval_results.json and qa_system.py's last line say
+    (`tuned`: tuned on validation readings; `same_file`: the validation questions are the questions scored)."""
+    source = ("given" if tuning.threshold is not None else
+              "tuned on this very file: an upper bound (crossfit: each half of its articles answered as tuned on "
+              "the other)" if same_file and folds else
+              "tuned on this very file: an upper bound (one article: no folds to cross-fit over)" if same_file else
+              f"tuned on {validation_file}" if validation_file is not None else
+              "the reader's recorded threshold")
+    if tuned and tuning.retriever_weight is None:
+        source += ("; the weight cross-fitted over two folds of its articles" if folds else
+                   "; the weight tuned on it as a whole")
+    return source
+
+
 # --- the rows: each k's setting and what it scores -------------------------------------------------------------
 
 
@@ -255,3 +270,13 @@ def gold_row(tuning: Tuning, setting: Setting, questions: list[dict], gold: list
                    at_threshold=core_scores(scores(questions, combined, setting.threshold)),
                    **({"not_moved": setting.not_moved} if setting.not_moved else {}))
     return row
+
+
+def measured_ks(eval_k: list[int], top_k: int, passages: int) -> tuple[list[int], int, str | None]:
+    """(the k's measured: the eval k's and top_k, top_k, a note): k's beyond the corpus read every passage, so they
+    are measured once, at its size, and said so."""
+    beyond = [k for k in eval_k + [top_k] if k > passages]
+    note = (f"k = {', '.join(map(str, sorted(set(beyond))))} beyond the {passages} passages of the corpus: read at "
+            f"{passages}" if beyond else None)
+    top_k = min(top_k, passages)
+    return sorted({min(k, passages) for k in eval_k} | {top_k}), top_k, note
