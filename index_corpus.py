@@ -62,7 +62,8 @@ class IndexArgs(Flags):
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
     args = parse_args(IndexArgs, argv)
-    accelerator = make_accelerator(args.process_group_timeout)  # the encoder runs under its own autocast (utils.retriever.retriever)
+    # the encoder runs under its own autocast (utils.retriever.retriever)
+    accelerator = make_accelerator(args.process_group_timeout)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
     device = "cuda" if accelerator.device.type == "cuda" else "cpu"
@@ -73,8 +74,9 @@ def main(argv=None):
                        args.bm25, args.overwrite_output_dir)
     seconds = meta.get("seconds", 0.0)
     accelerator.print(f"indexed {meta['passages']} passages ({meta['vectors']} vectors) in {seconds:.1f} s "
-                      f"({meta['passages'] / max(seconds, 1e-9):.1f} passages/s, {meta['vectors'] / max(seconds, 1e-9):.1f} "
-                      f"vectors/s; peak memory {peak_memory_mb(accelerator)} MB on the first process)")
+                      f"({meta['passages'] / max(seconds, 1e-9):.1f} passages/s, "
+                      f"{meta['vectors'] / max(seconds, 1e-9):.1f} vectors/s; "
+                      f"peak memory {peak_memory_mb(accelerator)} MB on the first process)")
     finish(accelerator)
 
 

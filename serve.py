@@ -63,7 +63,8 @@ class ServeArgs(SystemArgs):
         if self.k > self.max_k or self.max_k > 100:
             raise UserError(f"--k ({self.k}) must be at most --max_k ({self.max_k}), and --max_k at most 100")
         if self.max_questions > self.max_batch and self.max_batch > 1:
-            raise UserError(f"--max_questions ({self.max_questions}) must fit in one pass (--max_batch {self.max_batch})")
+            raise UserError(f"--max_questions ({self.max_questions}) must fit in one pass "
+                            f"(--max_batch {self.max_batch})")
         if not 0 <= self.max_wait_ms <= 1000:
             raise UserError(f"--max_wait_ms must be between 0 and 1000 (got {self.max_wait_ms})")
         if not 0 <= self.port < 65536:

@@ -60,7 +60,8 @@ class DPRArgs(TrainArgs):
     model_name_or_path: Optional[str] = arg(None, "With --do_train false: a retriever trained by train_dpr.py (its "
                                             "output directory).")
     query_model_name_or_path: str = arg(packaged_minilm(), "Question encoder to start from (default: packaged MiniLM).")
-    passage_model_name_or_path: str = arg(packaged_minilm(), "Passage encoder to start from (default: packaged MiniLM).")
+    passage_model_name_or_path: str = arg(packaged_minilm(),
+                                          "Passage encoder to start from (default: packaged MiniLM).")
     shared_encoder: bool = arg(False, "One encoder for questions and passages (--query_model_name_or_path).")
     pooling: Optional[Literal["cls", "mean"]] = arg(
         None, "How an encoder's token vectors become one embedding: 'cls' (the first token's, as in DPR) or 'mean' "
@@ -73,7 +74,8 @@ class DPRArgs(TrainArgs):
     train_file: Optional[str] = arg(None, "DPR JSON. Default: the shipped sample (data/sample/dpr_train.json).")
     validation_file: Optional[str] = arg(None, "DPR JSON for evaluation. Default: the shipped sample's dev file.")
     passages: Optional[str] = arg(None, "Corpus to rank at evaluation (JSON lines of title/text/passage_id). "
-                                        "Default: the sample's corpus on the sample; else every context of the dev file.")
+                                        "Default: the sample's corpus on the sample; else every context of the "
+                                        "dev file.")
     index: Optional[str] = arg(None, "With --do_train false, instead of --passages: an index of the corpus built by "
                                      "index_corpus.py with this retriever; each process searches its share of the "
                                      "shards.")
@@ -98,7 +100,8 @@ class DPRArgs(TrainArgs):
     distillation_temperature: Optional[float] = arg(None, "With --reader: T, the target is softmax(reader's passage "
                                                     "log probabilities / T). Default 1.")
     group_by_length: bool = arg(False, "Batch questions whose passages have similar lengths (by the longest of each "
-                                       "question's first passages). Off: --length_buckets already removes most padding.")
+                                       "question's first passages). Off: --length_buckets already removes most "
+                                       "padding.")
     length_buckets: int = arg(4, "Encode each batch's passages as N sub-batches of similar length, each padded "
                                  "only to its own longest (same embeddings, less padding); 1: one padded batch.")
     grad_cache_chunk_size: Optional[int] = arg(None, "GradCache: questions per forward chunk. The full batch's "
@@ -185,7 +188,8 @@ class DPRArgs(TrainArgs):
                  if getattr(self, k) is not None}
         if self.reader is None:
             if given:
-                raise UserError("--distill_passages, --distillation_weight and --distillation_temperature need --reader")
+                raise UserError("--distill_passages, --distillation_weight and --distillation_temperature "
+                                "need --reader")
             return None
         if not self.do_train:
             raise UserError("--reader teaches a training run: drop it with --do_train false")

@@ -198,7 +198,8 @@ class ReaderArgs(TrainArgs):
     def distillation_config(self) -> DistillationConfig | None:
         """The teacher's part in the loss (None: no --teacher); its weight and temperature only with a teacher."""
         if self.teacher is None:
-            if any(v is not None for v in (self.distillation_weight, self.distillation_temperature, self.distil_layers)):
+            if any(v is not None
+                   for v in (self.distillation_weight, self.distillation_temperature, self.distil_layers)):
                 raise UserError("--distillation_weight, --distillation_temperature and --distil_layers need --teacher")
             return None
         if not self.do_train:

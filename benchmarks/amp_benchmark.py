@@ -37,7 +37,8 @@ def machine() -> tuple[str, str]:
         cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                    platform.processor())
         flags = open("/proc/cpuinfo").read()
-        device, name = "cpu", f"{cpu}, {os.cpu_count()} cores, avx512_bf16={'avx512_bf16' in flags}, amx={'amx_bf16' in flags}"
+        device, name = "cpu", (f"{cpu}, {os.cpu_count()} cores, avx512_bf16={'avx512_bf16' in flags}, "
+                               f"amx={'amx_bf16' in flags}")
     return device, (f"{name}; torch {torch.__version__}, transformers {transformers.__version__}, "
                     f"accelerate {accelerate.__version__}, Python {platform.python_version()}")
 
@@ -112,7 +113,8 @@ def main():
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--dpr_steps", type=int, default=None, help="DPR's budget if not --steps (a DPR update encodes "
                    "batch x (2 + hard negatives) sequences, several times a reader update)")
-    p.add_argument("--warmup_steps", type=int, default=10, help="updates excluded from throughput (also the log window)")
+    p.add_argument("--warmup_steps", type=int, default=10,
+                   help="updates excluded from throughput (also the log window)")
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--max_seq_length", type=int, default=384, help="reader window / DPR passage length")
     p.add_argument("--seed", type=int, default=42)

@@ -5,11 +5,12 @@
 
 Both sides train the packaged MiniLM (--model) as ONE shared encoder (what MNRL trains; mean pooling, cosine,
 temperature 0.05) on the same first --questions questions of the DPR train file, each with its positive and its
-first BM25 hard negative, --batch_size questions per update, AdamW at the same learning rate, linear decay without warm-up, passages up to --max_passage_length
-tokens (title + text), the same precision. Each side runs in a fresh process, one after the other (never
-concurrently: they would share the cores). Reported per side: training questions/s (questions trained on / the
-trainer's own training time, evaluation excluded), peak RSS, and top-1/20 and MRR@10 on the dev file against the
-passage corpus, scored by the same code. Prints the speed ratio; writes dpr_vs_st_<device>.md to --out.
+first BM25 hard negative, --batch_size questions per update, AdamW at the same learning rate, linear decay without
+warm-up, passages up to --max_passage_length tokens (title + text), the same precision. Each side runs in a fresh
+process, one after the other (never concurrently: they would share the cores). Reported per side: training
+questions/s (questions trained on / the trainer's own training time, evaluation excluded), peak RSS, and top-1/20 and
+MRR@10 on the dev file against the passage corpus, scored by the same code. Prints the speed ratio; writes
+dpr_vs_st_<device>.md to --out.
 
 sentence-transformers gets its recommended setup for MNRL (NO_DUPLICATES batches, scale 20 = 1 / temperature
 0.05) and passages as "title text" (it encodes one string per text); train_dpr.py encodes the pair
@@ -159,7 +160,8 @@ def write(rows, args):
     if {"train_dpr.py", "sentence-transformers"} <= set(by_side):  # the --sides both ran
         ours, st = by_side["train_dpr.py"], by_side["sentence-transformers"]
         lines += ["", f"speed ratio (train_dpr.py / sentence-transformers): "
-                      f"{ours['questions_per_s'] / st['questions_per_s']:.2f}x; top-20 {ours['top20']} vs {st['top20']}"]
+                      f"{ours['questions_per_s'] / st['questions_per_s']:.2f}x; "
+                      f"top-20 {ours['top20']} vs {st['top20']}"]
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"dpr_vs_st_{device}.md")
     open(path, "w").write("\n".join(lines) + "\n")

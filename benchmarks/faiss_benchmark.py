@@ -116,7 +116,8 @@ def main():
     with open(os.path.join(args.out, f"faiss_{args.what}_cpu.json"), "w") as f:
         json.dump(result, f, indent=1)
     lines = [f"{source}; {len(q)} questions, top {k}; {result['machine']}, faiss {faiss.__version__}", "",
-             f"| setting | recall@10 | recall@{k} | s per 1k questions | index MB | build s |", "|---|---|---|---|---|---|"]
+             f"| setting | recall@10 | recall@{k} | s per 1k questions | index MB | build s |",
+             "|---|---|---|---|---|---|"]
     lines += [f"| {r['setting']} | {r['recall@10']} | {r[f'recall@{k}']} | {r['seconds_per_1k_questions']} | "
               f"{r['index_mb']} | {r.get('build_seconds', '')} |" for r in rows]
     with open(os.path.join(args.out, f"faiss_{args.what}_cpu.md"), "w") as f:

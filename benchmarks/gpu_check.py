@@ -89,7 +89,8 @@ def parse_args():
     if not os.path.isdir(args.tokenizer):
         missing.append(f"--tokenizer {args.tokenizer}")
     if missing:
-        p.error("not found (on a GPU machine pass the copies in .gpu_check/, see docs/GPU_CHECK.md): " + ", ".join(missing))
+        p.error("not found (on a GPU machine pass the copies in .gpu_check/, see docs/GPU_CHECK.md): "
+                + ", ".join(missing))
     # Throughput skips the first logging window, so every run needs at least two; the resume check's
     # checkpoint is halfway through the reader budget.
     if min(args.steps, args.dpr_steps) < 2 * args.warmup_steps or args.steps % 2:

@@ -1,8 +1,10 @@
 """Indexing a corpus: embedding throughput against sentence-transformers, and index_corpus.py's memory at two corpus
 sizes with a kill and resume, on text with real lengths.
 
-    python benchmarks/index_benchmark.py throughput --retriever outputs/dpr-squad --passages ../shared/data/dpr/passages.jsonl
-    python benchmarks/index_benchmark.py scale --retriever outputs/dpr-squad --passages ../shared/data/dpr/passages.jsonl
+    python benchmarks/index_benchmark.py throughput --retriever outputs/dpr-squad \
+        --passages ../shared/data/dpr/passages.jsonl
+    python benchmarks/index_benchmark.py scale --retriever outputs/dpr-squad \
+        --passages ../shared/data/dpr/passages.jsonl
 
 throughput: the texts the retriever embeds for the corpus (its sentence windows, or whole passages), one process,
 batch --batch_size, in one run side by side: this project's `Retriever.encode_passages` (tokenised once, longest

@@ -4,9 +4,9 @@ version, so that a machine that lacks one fails in seconds with the whole list i
     python benchmarks/preflight.py          # exit status 0, or 1 with the missing modules and who imports them
 
 The list is read from the code itself (every `import` in train_reader.py, train_dpr.py, utils/ and the GPU check,
-and the module-level ones of the helpers it uses), so it cannot fall behind it. Imports guarded by `except ImportError` are optional (the
-packaged MiniLM, say) and only reported. The project's own modules are then imported too, which catches an
-installed package of the wrong version.
+and the module-level ones of the helpers it uses), so it cannot fall behind it. Imports guarded by `except
+ImportError` are optional (the packaged MiniLM, say) and only reported. The project's own modules are then
+imported too, which catches an installed package of the wrong version.
 """
 
 import ast

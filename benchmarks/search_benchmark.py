@@ -166,8 +166,8 @@ def main():
                platform.processor())
     header = (f"Machine: {cpu}, {os.cpu_count()} cores. {args.questions:,} questions, top {args.k}, {args.dim}-d unit "
               "vectors; seconds = the search alone; RSS = the process's peak (for 2 processes, each one's).")
-    lines = [header, "", "| passages | vectors per passage | engine | seconds | peak RSS MB | embeddings MB | same ids as "
-             "ours | differences (ties aside) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [header, "", "| passages | vectors per passage | engine | seconds | peak RSS MB | embeddings MB "
+             "| same ids as ours | differences (ties aside) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rss = (" / ".join(str(x) for x in r["peak_rss_mb_per_process"]) if r["peak_rss_mb_per_process"]
                else r["peak_rss_mb"])

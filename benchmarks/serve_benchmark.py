@@ -182,8 +182,9 @@ def main():
     lines += [f"| {'on (max 32)' if r['batching'] else 'off'} | {r['concurrency']} | {r['questions_per_second']} | "
               f"{r['p50_ms']} | {r['p95_ms']} | {r['same_answers']} |" for r in rows]
     lines += ["", f"qa_system.py offline at k = {args.k}: {offline} questions/s; batched at concurrency {top}: "
-              f"{summary[f'batched_over_single_at_{top}']}x one at a time, {summary[f'batched_at_{top}_over_offline']}x "
-              f"offline", f"server RSS: {memory.get('after_start_mb')} MB after start, {memory.get('after_rows_mb')} MB "
+              f"{summary[f'batched_over_single_at_{top}']}x one at a time, "
+              f"{summary[f'batched_at_{top}_over_offline']}x offline",
+              f"server RSS: {memory.get('after_start_mb')} MB after start, {memory.get('after_rows_mb')} MB "
               f"after the rows above, {memory.get('after_questions_mb')} MB after {memory.get('after_questions')} more "
               f"questions ({summary['memory_growth_percent']:+.1f}% over the warmed-up server)"]
     with open(os.path.join(args.out, "serve_cpu.md"), "w") as f:

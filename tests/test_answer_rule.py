@@ -46,14 +46,16 @@ def test_the_retrievers_score_is_a_prior_over_the_passages_read():
          "null_minus_best": -5.0, "null_start": -1.0, "null_end": 0.0, "lse_start": 1.0, "lse_end": 1.5}
     for shared in (False, True):  # one passage: raising all its logits together changes no decision
         plain, fused = combine([a], shared), combine([a], shared, retriever_weight=8.0)
-        assert [fused[k] for k in ("text", "no_answer_probability")] == [plain[k] for k in ("text", "no_answer_probability")]
+        assert [fused[k] for k in ("text", "no_answer_probability")] == \
+            [plain[k] for k in ("text", "no_answer_probability")]
         assert fused["null_minus_best"] == pytest.approx(plain["null_minus_best"])
         assert combine([a, b], shared)["text"] == "y"  # the reader alone: b's span reads better
     # w = 4: every logit of a rises by 4 x 1.0 / 2, b's by 0: a's span (3 + 4) now beats b's (4)
     c = combine([a, b], shared=True, retriever_weight=4.0)
     assert (c["text"], c["passage_id"], c["score"]) == ("x", "a", 7.0)
     assert c["null_minus_best"] == pytest.approx(lse([0.0 + 2, -1.0]) + lse([1.0 + 2, 0.0]) - 7.0)
-    want = (math.exp(lse([0.0 + 2, -1.0]) - lse([2.0 + 2, 1.0])) + math.exp(lse([1.0 + 2, 0.0]) - lse([2.5 + 2, 1.5]))) / 2
+    want = (math.exp(lse([0.0 + 2, -1.0]) - lse([2.0 + 2, 1.0]))
+            + math.exp(lse([1.0 + 2, 0.0]) - lse([2.5 + 2, 1.5]))) / 2
     assert c["no_answer_probability"] == pytest.approx(want)
     w = combine([a, b], retriever_weight=4.0)  # a reader trained a paragraph at a time: the span chosen moves,
     assert (w["text"], w["null_minus_best"]) == ("x", -5.0)  # each passage's null - span does not
@@ -113,7 +115,8 @@ def test_the_calibration_recovers_a_known_probability_and_gives_it_for_either_ru
     assert calibrated(math.inf, (1.5, -1.0)) == pytest.approx(1.0) and calibrated(-math.inf, (1.5, -1.0)) < 1e-30
     spans = [{"passage_id": "a", "text": "x", "score": 2.0, "null_minus_best": 1.0}]
     assert combine(spans)["no_answer_probability"] is None  # no probability without a calibration, this rule
-    assert combine(spans, calibration=(1.5, -1.0))["no_answer_probability"] == pytest.approx(calibrated(1.0, (1.5, -1.0)))
+    assert combine(spans, calibration=(1.5, -1.0))["no_answer_probability"] == \
+        pytest.approx(calibrated(1.0, (1.5, -1.0)))
 
 
 def test_the_share_moves_the_cut_by_its_odds_by_hand():

@@ -114,7 +114,8 @@ def test_the_crossfit_rescoring_measures_the_shift_and_the_calibration_of_a_shar
                       "--abstain_on", "probability")
     line = next(x for x in proc.stdout.splitlines() if x.startswith("k=1: P(no answer)"))
     assert f"expected calibration error {abs(0.3 - share):.3f}" in line
-    assert f"Brier {share * 0.49 + (1 - share) * 0.09:.3f}" in line and f"mean P 0.300 for a share of {share:.3f}" in line
+    assert f"Brier {share * 0.49 + (1 - share) * 0.09:.3f}" in line and \
+        f"mean P 0.300 for a share of {share:.3f}" in line
     row = next(x for x in proc.stdout.splitlines() if x.startswith("| 1 |")).split(" | ")
     # one probability for all: a tuned threshold answers every question (every answer right: F1 100 on HasAns, 0 on
     # NoAns) or abstains on all; reweighted to half unanswerable either way scores 50

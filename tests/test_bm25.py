@@ -14,7 +14,8 @@ CORPUS = [{"title": "Looms", "text": "Ada built a loom in Dunhallow."},
 
 def test_bm25_ranks_the_passage_sharing_the_rare_words_first():
     bm25 = BM25(CORPUS)
-    questions = ["Who designed the Corran lighthouse?", "Where did Ada build her loom?", "What crosses the Orrin valley?"]
+    questions = ["Who designed the Corran lighthouse?", "Where did Ada build her loom?",
+                 "What crosses the Orrin valley?"]
     scores, ids, ranks, _ = bm25.search(questions, 3, gold=[[1], [0], [2]])
     assert ranks.tolist() == [1, 1, 1] and ids[:, 0].tolist() == [1, 0, 2]
     first = bm25.query_scores(questions[0])
@@ -46,7 +47,8 @@ def stack(*cs):
     width = max(c.ids.shape[1] for c in cs)
     pad = lambda a, v: np.concatenate([a, np.full((1, width - a.shape[1]), v, a.dtype)], 1)  # noqa: E731
     return Candidates(*(np.concatenate([pad(getattr(c, f), v) for c in cs]) for f, v in
-                        (("ids", -1), ("dense", -np.inf), ("lexical", -np.inf), ("dense_rank", 0), ("lexical_rank", 0))))
+                        (("ids", -1), ("dense", -np.inf), ("lexical", -np.inf), ("dense_rank", 0),
+                         ("lexical_rank", 0))))
 
 
 def test_candidates_are_the_union_of_both_lists_with_their_ranks():

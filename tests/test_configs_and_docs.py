@@ -3,6 +3,7 @@
 import dataclasses
 import glob
 import os
+import subprocess
 
 import pytest
 from accelerate.commands.config.config_args import load_config_from_file
@@ -83,3 +84,27 @@ def test_the_flag_tables_say_what_help_says():
     generated = subprocess.run([sys.executable, f"{ROOT}/scripts/flag_tables.py"], capture_output=True, text=True,
                                check=True).stdout.strip()
     assert generated == open(f"{ROOT}/docs/FLAGS.md").read().strip()
+
+
+def python_files() -> list[str]:
+    """The project's .py files, relative to ROOT: git's tracked ones, or (no git, not a checkout) the tree's, dot
+    directories (.venv, .git) left out."""
+    try:
+        files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        files = []
+    if not files:
+        for top, dirs, names in os.walk(ROOT):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            files += [os.path.relpath(os.path.join(top, n), ROOT) for n in sorted(names) if n.endswith(".py")]
+    return [f for f in files if os.path.isfile(os.path.join(ROOT, f))]
+
+
+def test_no_line_of_the_projects_python_is_over_120_characters():
+    files = python_files()
+    assert "tests/test_configs_and_docs.py" in files
+    long = [f"{path}:{n}" for path in files
+            for n, line in enumerate(open(os.path.join(ROOT, path), encoding="utf-8"), 1)
+            if len(line.rstrip("\n")) > 120]
+    assert not long, "lines over 120 characters: " + ", ".join(long)

@@ -70,8 +70,10 @@ def test_a_teacher_equal_to_the_student_leaves_exactly_the_labels_share_of_the_l
     torch.manual_seed(0)
     batch = {"input_ids": torch.randint(5, 100, (n, width)), "attention_mask": torch.ones(n, width, dtype=torch.long),
              "group": torch.tensor([0, 0, 1]), "allowed": torch.ones(n, width, dtype=torch.bool),
-             "start_target": torch.zeros(n, width, dtype=torch.bool), "end_target": torch.zeros(n, width, dtype=torch.bool)}
-    batch["start_target"][0, 2] = batch["end_target"][0, 4] = batch["start_target"][2, 0] = batch["end_target"][2, 0] = 1
+             "start_target": torch.zeros(n, width, dtype=torch.bool),
+             "end_target": torch.zeros(n, width, dtype=torch.bool)}
+    batch["start_target"][0, 2] = batch["end_target"][0, 4] = \
+        batch["start_target"][2, 0] = batch["end_target"][2, 0] = 1
     loss = GroupedReaderTask.compute_loss(types.SimpleNamespace(teacher=teacher), student, batch)
     out = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     assert torch.equal(loss, 0.7 * shared_norm_loss(out.start_logits, out.end_logits, batch))
@@ -154,8 +156,9 @@ def test_a_distilled_run_records_its_teacher_and_resumes_to_the_same_weights(tin
     assert open(os.path.join(ref, "model.safetensors"), "rb").read() == before
     # the teacher taught: the same run without it ends elsewhere
     alone = str(tmp_path / "alone")
-    run_script("train_reader.py", *[a for a in distil_args(tiny_bert_dir, teacher_dir, alone, 4, "--checkpointing_steps",
-                                                           2) if a not in ("--teacher", teacher_dir)])
+    run_script("train_reader.py", *[a for a in distil_args(tiny_bert_dir, teacher_dir, alone, 4,
+                                                           "--checkpointing_steps", 2)
+                                    if a not in ("--teacher", teacher_dir)])
     with safe_open(f"{ref}/model.safetensors", "pt") as a, safe_open(f"{alone}/model.safetensors", "pt") as b:
         assert not torch.equal(a.get_tensor("qa_outputs.weight"), b.get_tensor("qa_outputs.weight"))
 
@@ -317,8 +320,8 @@ def test_the_intermediate_stage_trains_on_two_processes_as_on_one_then_the_predi
     (["--distil_layers", "1-2"], "give student:teacher layer pairs"),
     (["--distil_layers", "1:1,1:2"], "a student layer learns one teacher layer"),
     (["--distil_layers", "1:1", "--eval_steps", 2], "drop --eval_steps"),
-    (["--distil_layers", "1:1", "--distillation_temperature", 3], "--distil_layers matches layers, which "
-                                                                    "--distillation_weight and --distillation_temperature"),
+    (["--distil_layers", "1:1", "--distillation_temperature", 3],
+     "--distil_layers matches layers, which --distillation_weight and --distillation_temperature"),
     (["--distil_layers", "1:1", "--distillation_weight", 0.3], "drop --distillation_weight"),
 ])
 def test_a_layer_map_the_models_cannot_follow_is_refused(tiny_bert_dir, teacher_dir, tmp_path, extra, expected):

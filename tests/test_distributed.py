@@ -221,7 +221,8 @@ def test_a_crashed_process_ends_the_whole_job(tiny_bert_no_dropout_dir, tmp_path
     deadline = time.time() + 120
     while not os.path.isdir(f"{out}/checkpoints/step_2") and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "train_reader.py" in " ".join(p.cmdline())]
+    workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+               if "train_reader.py" in " ".join(p.cmdline())]
     assert len(workers) == 2
     victim = next(p for p in workers if p.environ().get("RANK") == "1")
     victim.send_signal(signal.SIGKILL)

@@ -60,7 +60,8 @@ def test_refresh_never_selects_a_positive_or_an_answer_bearing_passage():
 def test_sentence_windows_keep_the_title_and_their_passage():
     from utils.retriever.sentence_windows import sentence_windows
 
-    passages = [{"title": "Corran", "text": "The lighthouse is old. It was built in 1871! Who built it? Matilda Reyes."},
+    passages = [{"title": "Corran",
+                 "text": "The lighthouse is old. It was built in 1871! Who built it? Matilda Reyes."},
                 {"title": "Orrin", "text": "A railway crosses the valley (built by the U.S. Army)."}]
     windows, owner = sentence_windows(passages, 1)
     assert [w["text"] for w in windows] == ["The lighthouse is old.", "It was built in 1871!", "Who built it?",

@@ -24,7 +24,8 @@ def q(qid, pos, hard=(), neg=()):
 
 
 def test_negatives_fall_back_from_hard_to_negative_to_random():
-    data = [q("a", "p1", hard=["h1"], neg=["n1", "n2"]), q("b", "p2"), q("c", "p3", hard=["h1", "h2", "h3"]), q("d", "p4")]
+    data = [q("a", "p1", hard=["h1"], neg=["n1", "n2"]), q("b", "p2"), q("c", "p3", hard=["h1", "h2", "h3"]),
+            q("d", "p4")]
     chosen = training_passages(data, 3, seed=0)
     assert [c["passage_id"] for c in chosen[0]] == ["p1", "h1", "n1", "n2"]
     assert [c["passage_id"] for c in chosen[2]] == ["p3", "h1", "h2", "h3"]
@@ -67,7 +68,8 @@ def test_passage_key_falls_back_to_text():
 @pytest.mark.parametrize("content, message", [
     ("[", "not valid JSON"),
     ("[]", "the dataset is empty"),
-    ('[{"id": "q7", "question": "Who?", "positive_ctxs": []}]', "question q7: needs at least one entry in 'positive_ctxs'"),
+    ('[{"id": "q7", "question": "Who?", "positive_ctxs": []}]',
+     "question q7: needs at least one entry in 'positive_ctxs'"),
     ('[{"id": "q7", "positive_ctxs": [{"text": "x"}]}]', "question q7: missing or empty 'question'"),
     ('[{"id": "q7", "question": "Who?", "positive_ctxs": [{"title": "t"}]}]', "question q7: every passage needs"),
 ])

@@ -74,7 +74,8 @@ def test_window_sentences_rank_each_passage_by_its_best_sentence(tiny_bert_dir, 
     assert results["window_sentences"] == 1 and len(results["negatives_refreshed"]) == 2  # epoch start, update 3
     train = load_dpr(f"{SAMPLE}/dpr_train.json")
     sentences, whole = training_windows(train, 1)
-    pool = unique_passages(c for q in sentences for c in q["positive_ctxs"] + q["hard_negative_ctxs"] + q["negative_ctxs"])
+    pool = unique_passages(c for q in sentences
+                           for c in q["positive_ctxs"] + q["hard_negative_ctxs"] + q["negative_ctxs"])
     assert len(pool) > 3 * len(unique_passages(c for q in train for c in q["positive_ctxs"]))
     assert proc.stderr.count(f"{len(pool)} passages encoded") == 2  # the refreshes mine sentences
     assert f"({whole} questions keep the whole passage" in proc.stderr

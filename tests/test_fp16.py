@@ -64,7 +64,8 @@ def test_fp16_overflow_skips_the_update_and_training_goes_on(tiny_bert_dir, tmp_
     if task == "reader":
         args = reader_args(tiny_bert_dir, out, *extra)
     else:
-        args = dpr_args(tiny_bert_dir, out, *extra, *(["--grad_cache_chunk_size", 3] if task == "dpr_grad_cache" else []))
+        args = dpr_args(tiny_bert_dir, out, *extra,
+                        *(["--grad_cache_chunk_size", 3] if task == "dpr_grad_cache" else []))
     proc = run_script(HARNESS, *args)
     assert "precision=fp16" in proc.stdout
     assert "update 3 skipped by the fp16 loss scaler (inf/nan gradients); scale now 32768" in proc.stderr

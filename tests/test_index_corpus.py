@@ -137,8 +137,8 @@ def test_a_changed_corpus_or_retriever_or_layout_is_refused(retriever, tiny_bert
     assert_user_error(run_script("index_corpus.py", *index_args(retriever, out, "--dtype", "float16", corpus=corpus),
                                  check=False), "an unfinished index built with another retriever or settings (dtype")
     proc = run_ddp("index_corpus.py", *index_args(retriever, out, corpus=corpus), check=False)
-    assert proc.returncode != 0 and "error: " + str(out) + ": an unfinished index started with 1 processes: resume it " \
-        "with as many (this run has 2)" in proc.stderr
+    assert proc.returncode != 0 and "error: " + str(out) + ": an unfinished index started with 1 processes: " \
+        "resume it with as many (this run has 2)" in proc.stderr
     other = tmp_path / "other"
     shutil.copytree(retriever, other)
     settings = json.load(open(other / "retriever_settings.json"))

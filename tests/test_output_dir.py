@@ -74,7 +74,8 @@ def accelerator_and_args(out, **kw):
 
 
 def prepare(accelerator, args, mode):
-    """prepare_output_dir as a script calls it, from its --output_dir, --overwrite_output_dir and --resume_from_checkpoint."""
+    """prepare_output_dir as a script calls it, from its --output_dir, --overwrite_output_dir and
+    --resume_from_checkpoint."""
     prepare_output_dir(accelerator, args.output_dir, mode, overwrite=args.overwrite_output_dir,
                        resume=args.resume_from_checkpoint)
 
@@ -136,8 +137,9 @@ def test_resuming_from_an_older_checkpoint_keeps_the_later_ones_aside_and_its_ow
     run_script("train_reader.py", *tiny_reader(tiny_bert_dir, out, "--max_train_steps", 12, "--checkpointing_steps", 4,
                                                 "--checkpoints_total_limit", 3))
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_12", "step_4", "step_8"]
-    proc = run_script("train_reader.py", *tiny_reader(tiny_bert_dir, out, "--max_train_steps", 12, "--checkpointing_steps",
-                                                       6, "--checkpoints_total_limit", 2, "--resume_from_checkpoint",
+    proc = run_script("train_reader.py", *tiny_reader(tiny_bert_dir, out, "--max_train_steps", 12,
+                                                       "--checkpointing_steps", 6, "--checkpoints_total_limit", 2,
+                                                       "--resume_from_checkpoint",
                                                        os.path.join(out, "checkpoints", "step_4")))
     assert "abandons the later checkpoints step_8, step_12 of this directory" in proc.stderr
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_12", "step_6", "superseded"]
@@ -250,7 +252,8 @@ def test_every_script_waits_in_a_collective_as_long_as_process_group_timeout_say
     from utils.runtime import process
 
     module = importlib.import_module(script[:-3])
-    cls = next(v for k, v in vars(module).items() if k.endswith("Args") and getattr(v, "__module__", "") == module.__name__)
+    cls = next(v for k, v in vars(module).items()
+               if k.endswith("Args") and getattr(v, "__module__", "") == module.__name__)
     assert cls.__dataclass_fields__["process_group_timeout"].default > 10  # beyond NCCL's default
     builds = inspect.getsource(setup.setup) if script.startswith("train_") else inspect.getsource(module.main)
     assert "make_accelerator(" in builds and "Accelerator(" not in builds.replace("make_accelerator(", "")

@@ -83,4 +83,5 @@ def test_the_n_best_are_every_allowed_pair_ranked_by_score():
                            contexts={"q": CONTEXT}, shared=shared)["q"]
         got = [((n["start"], n["end"]), n["score"]) for n in out["nbest"]]
         assert [span for span, _ in got] == [span for span, _ in by_hand[:len(OFFSETS)]]
-        assert np.allclose([score for _, score in got], [score for _, score in by_hand[:len(OFFSETS)]], rtol=0, atol=1e-6)
+        assert np.allclose([score for _, score in got], [score for _, score in by_hand[:len(OFFSETS)]],
+                           rtol=0, atol=1e-6)

@@ -63,7 +63,8 @@ def test_answers_follow_the_rule_over_the_readers_readings(models, tmp_path):
         abstain = ratio > 0.5  # ...unless every null beats its span by > 0.5
         assert predictions[d["id"]] == d["answer"], d["id"]
         # read here in other batches than the run's: the rule's answer, up to near-ties
-        assert_answered_alike(d, {"answer": "" if abstain else best["text"], "score": None if abstain else best["score"],
+        assert_answered_alike(d, {"answer": "" if abstain else best["text"],
+                                  "score": None if abstain else best["score"],
                                   "passage_id": None if abstain else best["passage_id"], "null_minus_best": ratio}, 0.5)
         if not d["answer"]:  # an abstention carries no passage and no score
             assert (d["passage_id"], d["score"], d["start"], d["end"]) == (None, None, None, None)
@@ -284,7 +285,8 @@ def test_bad_inputs_are_one_line_errors_before_anything_is_created(models, tmp_p
              (["--retriever", retriever, "--questions", dev, "--reader", retriever + "/query_encoder"],
               "not a trained reader: its weights hold no question-answering head"),
              (["--retriever", "bm25", "--questions", dev, "--max_questions", 0], "--max_questions must be at least 1"),
-             (["--retriever", "bm25", "--questions", dev, "--max_questions", -50], "--max_questions must be at least 1"),
+             (["--retriever", "bm25", "--questions", dev, "--max_questions", -50],
+              "--max_questions must be at least 1"),
              (["--retriever", "bm25", "--questions", dev, "--output_dir", reader], f"holds --reader {reader}"),
              (["--retriever", "bm25", "--questions", dev, "--unanswerable_share", 0.5],
               "give the calibration with the share of unanswerable questions it was fitted on"),

@@ -30,7 +30,8 @@ def test_training_lowers_the_loss_and_writes_a_complete_output(tiny_bert_dir, tm
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["step_30", "step_40"]
     weights = load_file(os.path.join(out, "model.safetensors"))
     assert all(t.dtype == torch.float32 for t in weights.values())
-    dev_ids = {q["id"] for a in json.load(open(f"{SAMPLE}/dev.json"))["data"] for p in a["paragraphs"] for q in p["qas"]}
+    dev_ids = {q["id"] for a in json.load(open(f"{SAMPLE}/dev.json"))["data"] for p in a["paragraphs"]
+               for q in p["qas"]}
     assert set(json.load(open(os.path.join(out, "predictions.json")))) == dev_ids
     results = json.load(open(os.path.join(out, "eval_results.json")))
     assert results["updates"] == 40 and {"exact", "f1", "HasAns_f1", "NoAns_f1", "tuned_f1"} <= set(results["metrics"])
@@ -51,7 +52,8 @@ def test_sigkilled_run_resumes_to_the_same_weights(tiny_bert_dir, tmp_path, prec
     assert not os.path.exists(os.path.join(out, "model.safetensors"))
     run_script("train_reader.py", *tiny_args(tiny_bert_dir, out, *args, "--resume_from_checkpoint", "latest"))
     assert_same_weights(os.path.join(ref, "model.safetensors"), os.path.join(out, "model.safetensors"))
-    assert json.load(open(os.path.join(ref, "predictions.json"))) == json.load(open(os.path.join(out, "predictions.json")))
+    assert json.load(open(os.path.join(ref, "predictions.json"))) == \
+        json.load(open(os.path.join(out, "predictions.json")))
 
 
 def test_minilm_output_from_accelerate_launch_loads_in_transformers(minilm_dir, tmp_path):

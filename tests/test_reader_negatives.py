@@ -134,7 +134,8 @@ scores, ids = rank([ex["question"] for ex in examples], negative_depth(1))
 bm25_searches.clear()  # the hybrid searched the index's BM25 above, on every process: its own share
 bm25 = ranked_passages(acc, examples, load_passages({sample!r} + "/dpr_passages.jsonl"), negative_depth(1))
 json.dump({{"encoded": encoded, "bm25_searches": len(bm25_searches), "dense": dense, "pools": dense_pools,
-           "bm25": bm25, "scored": [list(zip(i.tolist(), s.tolist())) for s, i in zip(scores, ids)]}}, open(os.path.join(out, f"rank{{acc.process_index}}.json"), "w"))
+           "bm25": bm25, "scored": [list(zip(i.tolist(), s.tolist())) for s, i in zip(scores, ids)]}},
+          open(os.path.join(out, f"rank{{acc.process_index}}.json"), "w"))
 '''
 
 

@@ -229,7 +229,8 @@ def test_evaluation_says_where_the_threshold_was_tuned(trained, tmp_path):
 def test_a_directory_that_is_not_a_trained_reader_is_refused(trained, tiny_bert_dir, minilm_dir, tmp_path):
     for model in (minilm_dir, tiny_bert_dir):  # the base encoder, and a BERT checkpoint (as a DPR encoder is)
         proc = evaluate_mode(model, f"{SAMPLE}/dev.json", tmp_path / "o")
-        assert_user_error(proc, f"{model}: not a trained reader: its checkpoint lacks qa_outputs.bias, qa_outputs.weight")
+        assert_user_error(proc, f"{model}: not a trained reader: its checkpoint lacks qa_outputs.bias, "
+                                "qa_outputs.weight")
         assert not (tmp_path / "o" / "predictions.json").exists()
     # A QA model without reader_settings.json (any transformers QA model): threshold 0, and said so.
     import shutil

@@ -319,7 +319,8 @@ def test_the_api_takes_one_question_as_a_string_and_refuses_bad_k_and_bad_corpor
     for k in (0, -1):
         with pytest.raises(UserError, match="k must be a whole number of at least 1"):
             retriever.search(index, question, k=k)
-    cases = [([], "expected a non-empty list"), ([{"title": "t", "text": "a text"}], "passage #0: missing 'passage_id'"),
+    cases = [([], "expected a non-empty list"),
+             ([{"title": "t", "text": "a text"}], "passage #0: missing 'passage_id'"),
              ([{"text": "a", "passage_id": "p"}, {"text": "b", "passage_id": "p"}],
               "passage #1: duplicate passage_id 'p' (first at passage #0)"),
              ([{"text": "a", "passage_id": ""}], "passage #0: empty 'passage_id' ''"),
@@ -338,7 +339,8 @@ def test_the_api_takes_one_question_as_a_string_and_refuses_bad_k_and_bad_corpor
 def test_one_corpus_loader_refuses_duplicate_and_empty_ids_for_every_consumer(trained, tmp_path):
     rows = [json.loads(line) for line in open(f"{SAMPLE}/dpr_passages.jsonl")]
     duplicate = tmp_path / "duplicate.jsonl"
-    duplicate.write_text("".join(json.dumps(r) + "\n" for r in rows[:5] + [{**rows[7], "passage_id": rows[2]["passage_id"]}]))
+    duplicate.write_text("".join(json.dumps(r) + "\n"
+                                 for r in rows[:5] + [{**rows[7], "passage_id": rows[2]["passage_id"]}]))
     message = f"duplicate.jsonl: line 6: duplicate passage_id {rows[2]['passage_id']!r} (first at line 3)"
     with pytest.raises(UserError, match=re.escape(message)):
         load_passages(str(duplicate))

@@ -296,7 +296,8 @@ def test_the_page_shows_the_answer_highlighted_in_its_passage(server, expected, 
         page.wait_for_selector("#answer-text", timeout=60000)
         meta = page.inner_text(".meta")  # the probability of no answer, calibrated
         shown = re.search(r"no answer: (\d+)%", meta)
-        assert shown and "uncalibrated" not in meta and abs(int(shown[1]) - 100 * answers[answered]["no_answer_probability"]) <= 0.5 + 1e-6
+        assert shown and "uncalibrated" not in meta and \
+            abs(int(shown[1]) - 100 * answers[answered]["no_answer_probability"]) <= 0.5 + 1e-6
         assert page.inner_text("#answer-mark") == answers[answered]["answer"]  # at its offsets, past the emoji
         passage = page.inner_text("#answer-passage")
         assert passage.startswith(EMOJI) and answers[answered]["answer"] in passage[len(EMOJI):]

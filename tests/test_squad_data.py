@@ -92,7 +92,8 @@ def test_json_lines_errors_name_the_line_and_json_lines_in_a_json_file_are_read(
     row = {"id": "x1", "title": "T", "context": "Ada built a loom.", "question": "Who built a loom?",
            "answers": {"text": ["Ada"], "answer_start": [0]}}
     lines = [json.dumps({**row, "id": f"x{i}"}) for i in range(5)]
-    assert [e["id"] for e in load_squad(write(tmp_path, "\n".join(lines), "rows.json"))[0]] == [f"x{i}" for i in range(5)]
+    assert [e["id"] for e in load_squad(write(tmp_path, "\n".join(lines), "rows.json"))[0]] == \
+        [f"x{i}" for i in range(5)]
     broken = "\n".join(lines[:3] + ['{"id": "x3", "title": "T",'] + lines[4:])
     for name in ("rows.jsonl", "broken.json"):
         with pytest.raises(UserError) as err:
@@ -121,9 +122,11 @@ def test_one_questions_loader_for_every_layout_with_one_rule_for_ids_answers_and
     assert [q["answers"]["text"] for q in got] == [["Ada"], []]
     assert [q["answers"] for q in load_questions(write(tmp_path, unlabelled, "u.json"))] == [None, None]
     got = load_questions(write(tmp_path, "".join(json.dumps(r) + "\n" for r in rows), "r.jsonl"), need_context=False)
-    assert [(q["id"], q["context"], q["answers"]) for q in got] == [("r1", rows[0]["context"], None), ("r2", None, None)]
+    assert [(q["id"], q["context"], q["answers"]) for q in got] == \
+        [("r1", rows[0]["context"], None), ("r2", None, None)]
     cases = [(squad([{"question": "Who?"}]), "data.json: article 'T' paragraph 0 question 0: missing key 'id'"),
-             ("".join(json.dumps(r) + "\n" for r in [rows[0], {"question": "Who?"}]), "data.json: line 2: missing key 'id'"),
+             ("".join(json.dumps(r) + "\n" for r in [rows[0], {"question": "Who?"}]),
+              "data.json: line 2: missing key 'id'"),
              ("".join(json.dumps(r) + "\n" for r in rows), "data.json: example r2: missing key 'context'"),
              (squad([labelled["data"][0]["paragraphs"][0]["qas"][0], {"id": "q3", "question": "What?"}]),
               "example q3: some questions carry answers and some do not")]

@@ -97,4 +97,5 @@ def assert_predictions_alike(got: list[dict], want: list[dict], threshold: float
     assert [x.get("id") for x in got] == [x.get("id") for x in want]
     for x, y in zip(got, want):
         assert_answered_alike(x, y, threshold)
-    return sum((x["answer"] or None, x["passage_id"]) != (y["answer"] or None, y["passage_id"]) for x, y in zip(got, want))
+    return sum((x["answer"] or None, x["passage_id"]) != (y["answer"] or None, y["passage_id"])
+               for x, y in zip(got, want))

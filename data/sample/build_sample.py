@@ -24,7 +24,8 @@ def build():
         elif line.startswith("Q: "):
             question, answer = (part.strip() for part in line[3:].split("||"))
             para = article["paragraphs"][-1]
-            qid = f"sample-{len(splits['train']) + len(splits['dev']):02d}-{len(article['paragraphs'])}-{len(para['qas']) + 1:02d}"
+            qid = (f"sample-{len(splits['train']) + len(splits['dev']):02d}-{len(article['paragraphs'])}-"
+                   f"{len(para['qas']) + 1:02d}")
             if answer == "-":
                 para["qas"].append({"id": qid, "question": question, "answers": [], "is_impossible": True})
                 continue

@@ -37,7 +37,8 @@ def load_passages(passages) -> list[dict]:
         where = f"line {lines[i]}" if lines else f"passage #{i}"
         p = check_passage(row, source, where)
         if p["passage_id"] in seen:
-            raise UserError(f"{source}: {where}: duplicate passage_id {p['passage_id']!r} (first at {seen[p['passage_id']]})")
+            raise UserError(f"{source}: {where}: duplicate passage_id {p['passage_id']!r} "
+                            f"(first at {seen[p['passage_id']]})")
         seen[p["passage_id"]] = where
         out.append(p)
     return out

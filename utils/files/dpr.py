@@ -60,7 +60,8 @@ def training_passages(questions: list[dict], num_hard_negatives: int, seed: int)
             if passage_key(c) not in gold and c not in negatives:
                 negatives.append(c)
         if len(negatives) < num_hard_negatives:
-            raise UserError(f"question {q['id']}: cannot find {num_hard_negatives} negatives; lower --num_hard_negatives")
+            raise UserError(f"question {q['id']}: cannot find {num_hard_negatives} negatives; "
+                            "lower --num_hard_negatives")
         out.append([q["positive_ctxs"][0]] + negatives)
     return out
 

@@ -2,10 +2,10 @@
 (and, for JSON lines, the line). JSON lines are read by one reader (`json_lines`, `parse_json_line`), for a whole
 file (`read_json`) as for a byte range of a corpus streamed in shards (utils.files.corpus.stream_passages): lines
 end at "\n" only, as JSON lines defines them (U+2028, U+2029 and U+0085, which str.splitlines also breaks at, are
-legal raw inside a JSON string), and a line of JSON whitespace only is blank, skipped but counted. Writing: strict JSON, which most JSON readers require: Python's json would write
-Infinity and NaN for numbers that are not finite; they are written as null. Every JSON file of the project is written
-by `write_json_file`: to a temporary name, flushed to disk, renamed into place, so that a reader (or a resumed job
-after a crash) never sees half a file."""
+legal raw inside a JSON string), and a line of JSON whitespace only is blank, skipped but counted. Writing: strict
+JSON, which most JSON readers require: Python's json would write Infinity and NaN for numbers that are not finite;
+they are written as null. Every JSON file of the project is written by `write_json_file`: to a temporary name,
+flushed to disk, renamed into place, so that a reader (or a resumed job after a crash) never sees half a file."""
 
 import json
 import math

@@ -123,7 +123,8 @@ def fit(accelerator, config: LoopConfig, task: Task, model, optimizer, scheduler
         if accelerator.is_main_process:
             trim_log(log_path, state.step)  # the interrupted run logged updates that this run makes again
     elif config.resume_from_checkpoint:
-        logger.info("--resume_from_checkpoint %s: no checkpoint yet, starting from scratch", config.resume_from_checkpoint)
+        logger.info("--resume_from_checkpoint %s: no checkpoint yet, starting from scratch",
+                    config.resume_from_checkpoint)
     if config.report_to != "none":
         accelerator.init_trackers(task.tracker_project, config=tracker_config(config.hparams))
     if not resume_path and accelerator.is_main_process and os.path.exists(log_path):
@@ -156,8 +157,8 @@ def trim_log(path: str, step: int) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _fit(accelerator, config: LoopConfig, task, model, optimizer, scheduler, train_loader, plan, state, best_dir, log_path,
-         progress):
+def _fit(accelerator, config: LoopConfig, task, model, optimizer, scheduler, train_loader, plan, state, best_dir,
+         log_path, progress):
     scaler = accelerator.scaler  # set only for fp16 (Accelerate's native AMP)
     total_steps, accumulation = plan.total_updates, config.gradient_accumulation_steps
     interval = LogInterval()
@@ -180,7 +181,8 @@ def _fit(accelerator, config: LoopConfig, task, model, optimizer, scheduler, tra
                 state.batch_in_epoch += 1
                 interval.loss += loss.float()
                 interval.micro_batches += 1
-                samples, tokens = (n * accelerator.num_processes for n in (task.samples_in(batch), task.tokens_in(batch)))
+                samples, tokens = (n * accelerator.num_processes
+                                   for n in (task.samples_in(batch), task.tokens_in(batch)))
                 interval.samples += samples
                 interval.tokens += tokens
                 state.samples_seen += samples

@@ -49,8 +49,8 @@ def run(accelerator, config: LoopConfig, task: Task, model, optimizer, train_loa
 def run_summary(accelerator, optimizer, plan: Plan, state: LoopState, final: dict, samples_name: str) -> dict:
     """What eval_results.json records about a run, the same for both scripts."""
     seconds = max(state.train_seconds, 1e-9)
-    return {"metrics": final["metrics"], "metrics_before_training": state.metrics_before_training, "updates": state.step,
-            "updates_planned": plan.total_updates, "skipped_fp16_updates": state.skipped_steps,
+    return {"metrics": final["metrics"], "metrics_before_training": state.metrics_before_training,
+            "updates": state.step, "updates_planned": plan.total_updates, "skipped_fp16_updates": state.skipped_steps,
             "best_update": state.best_step, "stopped_early": state.stopped_early,
             "train_seconds": round(state.train_seconds, 1),
             f"train_{samples_name}_per_second": round(state.samples_seen / seconds, 2),

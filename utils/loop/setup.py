@@ -41,7 +41,8 @@ def setup(config: LoopConfig, training: bool = True) -> Accelerator:
             and accelerator.distributed_type != DistributedType.DEEPSPEED:  # DeepSpeed runs its own fp16
         raise UserError("fp16 mixed precision needs a GPU: on a CPU Accelerate would silently train in fp32. "
                         "Use --mixed_precision bf16 (CPUs with AVX512-BF16/AMX run it fast) or 'no'.")
-    check_layout(config.eval_steps, accelerator.distributed_type, getattr(accelerator.state.deepspeed_plugin, "zero_stage", None))
+    check_layout(config.eval_steps, accelerator.distributed_type,
+                 getattr(accelerator.state.deepspeed_plugin, "zero_stage", None))
     keep_freed_memory(accelerator.device)
     set_seed(config.seed)
     prepare_output_dir(accelerator, config.output_dir, "train" if training else "evaluate",

@@ -15,7 +15,8 @@ class Task(abc.ABC):
 
     tracker_project = "qa-amp"
     samples_name = "samples"  # what one training input is called in eval_results.json and the logs
-    epoch = 0  # the epoch whose batches are being trained: set by the loop before each epoch's batches, a resumed one's too
+    # the epoch whose batches are being trained: set by the loop before each epoch's batches, a resumed one's too
+    epoch = 0
 
     def model_inputs(self, batch):
         """What the training loader yielded -> the batch `compute_loss` takes (default: the same)."""

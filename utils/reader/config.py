@@ -3,8 +3,8 @@ flags, ReaderArgs) with their checks beside them: `WindowConfig` (how a question
 `DecodingConfig` (how the windows' logits become an answer), `PassagesConfig` (what a training question reads
 besides its own paragraph), `DataConfig` (the training and dev examples), `EvaluationConfig` (`--do_train
 false`: a trained reader evaluated or predicting) and `DistillationConfig` (a teacher's part in the loss). Code
-below the script reads its settings by name from these, never from the command line's namespace. A field's flag has the field's name (`--doc_stride` is
-`WindowConfig.doc_stride`): the errors name the flag.
+below the script reads its settings by name from these, never from the command line's namespace. A field's flag
+has the field's name (`--doc_stride` is `WindowConfig.doc_stride`): the errors name the flag.
 """
 
 import os

@@ -12,12 +12,12 @@ softmax over every context token and [CLS] of every window a question reads (uti
 teacher's share of the no-answer and of each passage is what the student learns; a window-level reader's are each
 window's own, over the same positions, its context tokens and [CLS]. Never over the question's tokens and [SEP]s:
 no answer starts there, a shared-normalization teacher's loss masked them out (its logits there were never
-trained), and a window-level teacher's mass there is what its labels pushed down to nothing. The teacher's logits are computed on the fly, in the run's autocast and without
-gradients: under --passages_per_question a question's passages are drawn anew each epoch, so a cache would hold
-what is never read again, and a teacher in eval mode gives the same logits to the same windows, which is all exact
-resume and 2 processes = 1 need. The teacher sits on the student's device, outside the optimizer, DDP and the
-checkpoints (it never changes), and reader_settings.json records which teacher it was (its path and a hash of its
-weights) with w and T.
+trained), and a window-level teacher's mass there is what its labels pushed down to nothing. The teacher's logits
+are computed on the fly, in the run's autocast and without gradients: under --passages_per_question a question's
+passages are drawn anew each epoch, so a cache would hold what is never read again, and a teacher in eval mode gives
+the same logits to the same windows, which is all exact resume and 2 processes = 1 need. The teacher sits on the
+student's device, outside the optimizer, DDP and the checkpoints (it never changes), and reader_settings.json
+records which teacher it was (its path and a hash of its weights) with w and T.
 
 A teacher that cuts text differently would teach positions that are other tokens: its tokenizer (vocabulary and how
 a probe text is split) and its recorded windows (max_seq_length, doc_stride, max_query_length) must be the
@@ -75,8 +75,8 @@ def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_str
                         "teaches would be other tokens; give a teacher trained from the same tokenizer")
     recorded = ReaderSettings.load(teacher)
     if shared and not (recorded and recorded.shared) and not layer_pairs:
-        why = ("it has no reader_settings.json, so it is read as a reader trained a window at a time" if recorded is None
-               else "it was trained a window at a time")
+        why = ("it has no reader_settings.json, so it is read as a reader trained a window at a time"
+               if recorded is None else "it was trained a window at a time")
         raise UserError(f"--teacher {teacher}: {why}, so its scores do not compare across the windows a question "
                         "reads; a student under --passages_per_question learns one distribution per question: give a "
                         "teacher trained with --passages_per_question")

@@ -37,7 +37,8 @@ class QuestionGroups:
             pairs.append({"id": f"{ex['id']}#0", "question": ex["question"], "context": ex["context"], "spans": gold})
             for k, entry in enumerate(pool, 1):
                 pairs.append({"id": f"{ex['id']}#{k}", "question": ex["question"],
-                              "context": passages[entry["passage"]]["text"], "spans": [list(s) for s in entry["spans"]]})
+                              "context": passages[entry["passage"]]["text"],
+                              "spans": [list(s) for s in entry["spans"]]})
         for i, p in enumerate(pairs):
             p["pair"] = i
         self.windows = tokenize_windows(accelerator, tokenizer, pairs, window_config, labels="spans")

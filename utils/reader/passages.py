@@ -1,11 +1,11 @@
 """Retrieved passages for a reader trained the way the QA system uses it: each training question read together with
 passages a retriever ranks high for it, all of them normalised together (utils.reader.shared_norm).
 
-Per question, a pool of its best-ranked passages of a corpus (BM25's, or a trained retriever's: `rank`), its own paragraph
-left out (it is always read); every epoch draws `passages_per_question - 1` of the pool anew, a pure function of
-(seed, epoch, question), so a resumed run draws what the interrupted one would have. A retrieved passage that holds
-one of an answerable question's answer strings (utils.files.answers: normalised, whole tokens) is trained as a
-positive, every occurrence of the answer in it that the same matcher counts a target
+Per question, a pool of its best-ranked passages of a corpus (BM25's, or a trained retriever's: `rank`), its own
+paragraph left out (it is always read); every epoch draws `passages_per_question - 1` of the pool anew, a pure
+function of (seed, epoch, question), so a resumed run draws what the interrupted one would have. A retrieved passage
+that holds one of an answerable question's answer strings (utils.files.answers: normalised, whole tokens) is trained
+as a positive, every occurrence of the answer in it that the same matcher counts a target
 (utils.files.answers.answer_spans), as facebookresearch/DPR's reader does: the QA system is right to answer from any
 passage that says the answer, and calling it unanswerable would teach the reader to doubt the very passages it should
 answer from. One where the string only matches after normalisation (other case or punctuation), so that no span of it

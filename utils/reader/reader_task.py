@@ -93,7 +93,8 @@ class ReaderTask(Task):
                    for logits, target in zip((out.start_logits, out.end_logits), labels)) / 2
         if self.teacher is not None:
             allowed = allowed_positions(batch["context_start"], batch["context_end"], padding.shape[1])
-            loss = self.teacher.mixed(loss, out.start_logits, out.end_logits, inputs, allowed=allowed.to(padding.device))
+            loss = self.teacher.mixed(loss, out.start_logits, out.end_logits, inputs,
+                                      allowed=allowed.to(padding.device))
         return loss
 
     def spans(self, model, eval_set: EvalSet) -> dict:
@@ -120,7 +121,8 @@ class ReaderTask(Task):
             metrics["null_threshold"] = threshold
         if self.recorded is not None:
             predictions = apply_null_threshold(decoded, self.recorded.null_threshold)
-            metrics.update({f"recorded_{k}": v for k, v in squad_metrics(refs, predictions).items() if "total" not in k})
+            metrics.update({f"recorded_{k}": v for k, v in squad_metrics(refs, predictions).items()
+                            if "total" not in k})
             metrics["recorded_null_threshold"] = self.recorded.null_threshold
         self.null_threshold = metrics.get("null_threshold")
         return {"metrics": metrics, "predictions": predictions, "decoded": decoded}

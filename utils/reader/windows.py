@@ -54,12 +54,12 @@ def prepare_windows(batch, tokenizer, max_seq_length, doc_stride, max_query_leng
     """datasets.map(batched=True) function: (question, context) examples -> windows, each carrying its `labels`:
     "answer" (training): `start_positions`/`end_positions` of the example's first reference answer (SQuAD train has
     one per question), [CLS] where it is not whole in the window or there is none, and where its context starts and
-    ends (the positions a teacher's distribution is compared over, utils.reader.distillation); "spans" (training with shared
-    normalization, utils.reader.shared_norm, on (question, passage) pairs): its `pair`, where its context starts and
-    ends, and the token spans of every character span of the pair's `spans` it holds whole (`starts`/`ends`: lists,
-    empty when it holds none); "offsets" (evaluation and prediction): its `example_id` and the character offsets of
-    its context tokens (None elsewhere). `one_window`: only the first window of each example, however long its
-    context (negative passages: an epoch's number of windows stays what was planned)."""
+    ends (the positions a teacher's distribution is compared over, utils.reader.distillation); "spans" (training
+    with shared normalization, utils.reader.shared_norm, on (question, passage) pairs): its `pair`, where its
+    context starts and ends, and the token spans of every character span of the pair's `spans` it holds whole
+    (`starts`/`ends`: lists, empty when it holds none); "offsets" (evaluation and prediction): its `example_id` and
+    the character offsets of its context tokens (None elsewhere). `one_window`: only the first window of each
+    example, however long its context (negative passages: an epoch's number of windows stays what was planned)."""
     if labels not in LABELS:
         raise ValueError(f"labels must be one of {LABELS} (got {labels!r})")
     questions = truncate_questions(batch["question"], tokenizer, max_query_length)

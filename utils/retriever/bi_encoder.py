@@ -33,7 +33,8 @@ def sentence_transformers_defaults(model_name_or_path: str) -> tuple[str | None,
     config = read(f"{pooling_dir}/config.json") if pooling_dir else None
     pooling = None
     if config:
-        pooling = "cls" if config.get("pooling_mode_cls_token") else "mean" if config.get("pooling_mode_mean_tokens") else None
+        pooling = ("cls" if config.get("pooling_mode_cls_token") else "mean" if config.get("pooling_mode_mean_tokens")
+                   else None)
     return pooling, any(m["type"].endswith("Normalize") for m in modules)
 
 

@@ -299,8 +299,9 @@ class DPRTask(Task):
         return (f"top1 {m['top1']:.1f} top5 {m['top5']:.1f} top20 {m['top20']:.1f} MRR@10 {m['mrr@10']:.3f} "
                 f"mean rank {m['mean_rank']:.1f} in-batch avg rank {m['in_batch_avg_rank']:.2f} | BM25 top1 "
                 f"{m['bm25_top1']:.1f} MRR@10 {m['bm25_mrr@10']:.3f} | hybrid cross-fitted top1 {m['hybrid_top1']:.1f} "
-                f"MRR@10 {m['hybrid_mrr@10']:.3f} (at the dense weight tuned on all of dev, {m['hybrid_tuned_dense_weight']:.2f}, "
-                f"recorded: top1 {m['hybrid_tuned_top1']:.1f}, an upper bound) | RRF top1 {m['rrf_top1']:.1f}")
+                f"MRR@10 {m['hybrid_mrr@10']:.3f} (at the dense weight tuned on all of dev, "
+                f"{m['hybrid_tuned_dense_weight']:.2f}, recorded: top1 {m['hybrid_tuned_top1']:.1f}, an upper bound) "
+                f"| RRF top1 {m['rrf_top1']:.1f}")
 
     def write_outputs(self, directory, result):
         with open(os.path.join(directory, "rankings.jsonl"), "w") as f:
@@ -325,7 +326,8 @@ class DPRTask(Task):
                                            e.similarity == "cosine", max_len)
             if e.export_dpr:
                 export_dpr(model.encoder(side), encoder_state(model, state_dict, side), tok,
-                           os.path.join(directory, "dpr_question_encoder" if side == "query" else "dpr_context_encoder"),
+                           os.path.join(directory,
+                                        "dpr_question_encoder" if side == "query" else "dpr_context_encoder"),
                            side)
         RetrieverSettings(e.pooling, e.similarity, self.loss.temperature, e.shared_encoder, e.embed_title,
                           e.window_sentences, e.max_query_length, e.max_passage_length, self.dense_weight, CANDIDATES,

@@ -111,7 +111,8 @@ class RetrievalEvaluation:
         dev, corpus = self.data.questions, self.data.corpus
         q_emb = encode(acc, model, self.question_loader, "query", len(dev)).to(device)
         bare, bs = bare_model(acc, model), self.config.per_device_eval_batch_size
-        vectors = self.index_shards + ([Vectors(encode_texts(bare, self.shard_tokens, "passage", self.p_pad, bs, device),
+        vectors = self.index_shards + ([Vectors(encode_texts(bare, self.shard_tokens, "passage", self.p_pad,
+                                                             bs, device),
                                                 self.shard_owner, len(self.shard), self.shard.start)]
                                        if len(self.shard) else [])
         self._warn_nan(q_emb, vectors)

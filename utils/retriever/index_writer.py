@@ -30,12 +30,12 @@ CHUNK_PASSAGES = 4096  # passages embedded and written at a time, by default: th
 
 def check_corpus(accelerator, path: str, chunk_passages: int | None) -> dict:
     """The corpus, checked and cut into chunks, the same on every process: {"passages", "chunk_passages", "chunks":
-    [(first passage, start byte, end byte)], "hashes"}. Each process streams one byte range of the file and checks every passage
-    as the one corpus loader does; the ids' hashes are gathered, so that a duplicate anywhere in the corpus is found
-    before anything is written. Chunks are every `chunk_passages` passages of the whole corpus (whatever the
-    number of processes), so a chunk, and the vectors it gets, do not depend on how the work is shared; None:
-    CHUNK_PASSAGES, or fewer where that leaves a process without a chunk (an index built for one run, whose every
-    process should embed its share however small the corpus). A UserError
+    [(first passage, start byte, end byte)], "hashes"}. Each process streams one byte range of the file and checks
+    every passage as the one corpus loader does; the ids' hashes are gathered, so that a duplicate anywhere in the
+    corpus is found before anything is written. Chunks are every `chunk_passages` passages of the whole corpus
+    (whatever the number of processes), so a chunk, and the vectors it gets, do not depend on how the work is shared;
+    None: CHUNK_PASSAGES, or fewer where that leaves a process without a chunk (an index built for one run, whose
+    every process should embed its share however small the corpus). A UserError
     on any process stops every process with the first message."""
     world, rank = accelerator.num_processes, accelerator.process_index
     start, stop = byte_ranges(path, world)[rank]
@@ -73,7 +73,8 @@ def check_corpus(accelerator, path: str, chunk_passages: int | None) -> dict:
                                                            mine + len(ids), chunk_passages)]
     starts = sorted(x for part in gather_object([starts]) for x in part)
     ends = [b for _, b in starts[1:]] + [os.path.getsize(path)]
-    return {"passages": total, "chunk_passages": chunk_passages, "chunks": [(g, b, e) for (g, b), e in zip(starts, ends)],
+    return {"passages": total, "chunk_passages": chunk_passages,
+            "chunks": [(g, b, e) for (g, b), e in zip(starts, ends)],
             "hashes": [h for part in gather_object([hashes]) for h in part]}
 
 
@@ -98,7 +99,8 @@ def _duplicate(path: str, hashes: np.ndarray) -> str | None:
     for p, _, line in stream_passages(path, 0, os.path.getsize(path)):
         if position in suspects:
             if p["passage_id"] in seen:
-                return f"{path}: line {line}: duplicate passage_id {p['passage_id']!r} (first at line {seen[p['passage_id']]})"
+                return (f"{path}: line {line}: duplicate passage_id {p['passage_id']!r} "
+                        f"(first at line {seen[p['passage_id']]})")
             seen[p["passage_id"]] = line
         position += 1
     return None  # a hash collision of different ids

@@ -86,7 +86,8 @@ class Retriever:
         return self._encode(tokenize_questions(self.q_tok, question_list(questions), self.settings.max_query_length),
                             "query", self.q_tok.pad_token_id)
 
-    def encode_passages(self, passages: list[dict], progress: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    def encode_passages(self, passages: list[dict],
+                        progress: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """(vectors float32, owner): the passages embedded as the run ranked them, one vector per passage or, for a
         sentence-trained retriever, per sentence window (owner[row] = the position of its passage in `passages`;
         None without windows)."""

@@ -59,9 +59,9 @@ def process_group_timeout_arg():
 
 
 class Flags:
-    """What every script's flags dataclass (utils.loop.args.TrainArgs and the scripts' own) does with itself: its own checks, the
-    small typed configs built from it for the code below (a config's fields are named as the flags), and its record
-    for trackers. Code under utils/ takes the configs, never a Flags."""
+    """What every script's flags dataclass (utils.loop.args.TrainArgs and the scripts' own) does with itself: its
+    own checks, the small typed configs built from it for the code below (a config's fields are named as the flags),
+    and its record for trackers. Code under utils/ takes the configs, never a Flags."""
 
     def check_input_files(self, *names: str) -> None:
         """Each of these flags, where given, names a file that exists. Checked before any other check, so that a

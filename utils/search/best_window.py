@@ -16,8 +16,8 @@ def passage_scores(scores: torch.Tensor, vectors: Vectors, first: int, last: int
         if scores.device.type == "cpu":  # numpy's segment max: one pass, no index tensor
             scores = torch.from_numpy(np.maximum.reduceat(scores.numpy(), local, axis=1))
         else:
-            owner = torch.as_tensor(np.asarray(vectors.owner[vectors.starts[first]:vectors.starts[last]], np.int64) - first,
-                                    device=scores.device)
+            owner = torch.as_tensor(np.asarray(vectors.owner[vectors.starts[first]:vectors.starts[last]], np.int64)
+                                    - first, device=scores.device)
             best = scores.new_full((len(scores), last - first), float("-inf"))
             scores = best.scatter_reduce_(1, owner.expand(len(scores), -1), scores, reduce="amax")
     return scores

@@ -51,7 +51,8 @@ class BM25:
 
 
     def search(self, queries: list[str], k: int, gold: list[list[int]] | None = None,
-               score_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+               score_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None,
+                                                             np.ndarray | None]:
         """(scores, ids, gold ranks, scores of score_ids): per query its k best passages (ties: the smaller id first,
         the project's one rule: utils.search.kbest), with `gold` (per query its gold passages' ids, each
         counted once) the rank of its best gold passage (1 + the others scoring at least as high: a question sharing

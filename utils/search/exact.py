@@ -206,7 +206,8 @@ def search_shards(queries: torch.Tensor, shards: list[Vectors], k: int, distribu
     return merged_top_k(scores, ids, k, queries.device) if distributed else (scores, ids)
 
 
-def score_shards(queries: torch.Tensor, shards: list[Vectors], ids: np.ndarray, distributed: bool = False) -> np.ndarray:
+def score_shards(queries: torch.Tensor, shards: list[Vectors], ids: np.ndarray,
+                 distributed: bool = False) -> np.ndarray:
     """`score_passages` over several shards (each scores the passages it holds), with `distributed` over every
     process's (a collective)."""
     scores = np.full(np.asarray(ids).shape, -np.inf, dtype=np.float32)

@@ -73,8 +73,8 @@ class Index:
                             + ", ".join(f"{k}: {theirs.get(k)} vs {ours[k]}" for k in differ) + ")")
         if self.built_by["passage_encoder"] != fingerprint:
             raise UserError(f"{where}: its vectors were made by another passage encoder than {model_dir}'s "
-                            f"(built by {self.model_dir}, encoder fingerprint {self.built_by['passage_encoder'][:12]} vs "
-                            f"{fingerprint[:12]}; a retriever retrained since?): index the corpus again")
+                            f"(built by {self.model_dir}, encoder fingerprint {self.built_by['passage_encoder'][:12]} "
+                            f"vs {fingerprint[:12]}; a retriever retrained since?): index the corpus again")
 
     # --- search: query vectors in, (scores, passage ids) out, best first ---
 

@@ -27,7 +27,8 @@ from utils.files.jsonfiles import json_line, json_lines, write_json_file
 INDEX_FILE, FORMAT = "index.json", 3
 MANIFEST_FIELDS = ("model", "passage_encoder", "settings", "precision", "dimension", "dtype", "passages", "shards",
                    "complete")
-VECTORS, OWNER, PASSAGES, OFFSETS, PROGRESS = "vectors.bin", "owner.bin", "passages.jsonl", "offsets.bin", "progress.json"
+VECTORS, OWNER, PASSAGES, OFFSETS, PROGRESS = ("vectors.bin", "owner.bin", "passages.jsonl", "offsets.bin",
+                                               "progress.json")
 
 
 def shard_name(i: int) -> str:

@@ -112,7 +112,8 @@ def build_system(config: SystemConfig, accelerator=None, passages: list[dict] | 
     every process of `accelerator` into that directory, each its shard (utils.retriever.index_writer), each then
     searching its own shards; without, in memory. Progress bars on the main process."""
     main = accelerator is None or accelerator.is_main_process
-    device = None if accelerator is None else "cuda" if accelerator.device.type == "cuda" else "cpu"  # None: a GPU if any
+    # None: a GPU if any
+    device = None if accelerator is None else "cuda" if accelerator.device.type == "cuda" else "cpu"
     progress = progress and main
     reader = Reader(config.reader, device=device, batch_size=config.batch_size, precision=config.precision,
                     sort_by_length=True)

@@ -160,7 +160,8 @@ def answer_of(combined: dict, threshold: float | None, passages: list[dict], rea
     """One question's answer as `QASystem.ask` gives it, from its combined view, passages and readings; with it
     "text", the text of the passage it is in (None on an abstention)."""
     text = answer(combined, threshold)
-    chosen = next((j for j, p in enumerate(passages) if p["passage_id"] == combined["passage_id"]), None) if text else None
+    chosen = (next((j for j, p in enumerate(passages) if p["passage_id"] == combined["passage_id"]), None)
+              if text else None)
     hit = passages[chosen] if chosen is not None else None
     start = readings[chosen]["start"] if hit else None
     end = readings[chosen]["end"] if hit else None
