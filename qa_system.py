@@ -122,23 +122,24 @@ def main(argv=None):
 
         # --- measure: each k's setting by the tuning policy (utils/system/measure.py), then what it scores --
         def setting(k, v_readings, fuse=True):
-            return system_setting(tuning, system.recorded_threshold, validation, v_readings, k, system.shared, v_folds,
-                                  fuse)
+            return system_setting(tuning, system.recorded_threshold, validation, v_readings, k, system.shared_norm,
+                                  v_folds, fuse)
         settings = {k: setting(k, v_readings) for k in bands}
         timing = {k: {"questions_per_second": questions_per_second(times, k, len(questions)),
                       "reading_share": reading_share(times, k)} for k in bands}
-        rows = [system_row(tuning, settings[k], k, timing[k], questions, retrieved, readings, system.shared,
+        rows = [system_row(tuning, settings[k], k, timing[k], questions, retrieved, readings, system.shared_norm,
                            v_folds if same_file else None) for k in bands]
         # the same policy, unfused, on the gold paragraphs
-        ceiling = gold_row(tuning, setting(1, v_gold, fuse=False), questions, gold, system.shared) if gold else None
+        ceiling = None if gold is None else gold_row(tuning, setting(1, v_gold, fuse=False), questions, gold,
+                                                     system.shared_norm)
         source = tuning_source(tuning, args.validation_file, same_file, v_folds, v_readings is not None)
 
         # --- write -----------------------------------------------------------------------------------------
-        write_answers(accelerator, out, questions, retrieved, readings, top_k, settings[top_k], system.shared)
+        write_answers(accelerator, out, questions, retrieved, readings, top_k, settings[top_k], system.shared_norm)
         write_json(accelerator, os.path.join(out, "eval_results.json"),
                    {"retriever": args.retriever, "reader": args.reader, "questions": args.questions,
                     "passages": len(system.passages), "hybrid": system.hybrid, "threshold_source": source,
-                    "rule": "question" if system.shared else "window",
+                    "rule": "question" if system.shared_norm else "window",
                     "unanswerable_share": args.unanswerable_share, "processes": accelerator.num_processes,
                     "precision": system.precisions, "precision_as_trained": args.mixed_precision is None,
                     "k_note": clamped, "rows": rows, "gold_paragraphs": ceiling})
@@ -154,7 +155,7 @@ def announce(accelerator, args, system: QASystem, bands: list[int], clamped: str
     """What the system ranks and reads with, and at which precision."""
     ranking = "hybrid with BM25" if system.hybrid else "dense" if system.index else "BM25"
     accelerator.print(f"qa: {len(system.passages)} passages, ranking {ranking}, k={bands}, answer rule "
-                      f"{'question (shared normalization)' if system.shared else 'window'}; precision "
+                      f"{'question (shared normalization)' if system.shared_norm else 'window'}; precision "
                       + ", ".join(f"{part} {p}" for part, p in system.precisions.items())
                       + (" (as trained)" if args.mixed_precision is None else "")
                       + (f"\nqa: {clamped}" if clamped else ""))

@@ -40,9 +40,10 @@ from utils.loop.run import run
 from utils.loop.setup import setup
 from utils.retriever.bi_encoder import bi_encoder_of, sentence_transformers_defaults
 from utils.runtime.flags import arg, check_model_dir, packaged_minilm, parse_args, precision_as_trained
-from utils.retriever.config import (EncoderConfig, EvaluationConfig, LossConfig, NegativesConfig,
-                                    ReaderDistillationConfig)
-from utils.retriever.dpr_task import DPRTask, load_training_data, training_loader
+from utils.retriever.config import (EncoderConfig, LossConfig, NegativesConfig, ReaderDistillationConfig,
+                                    RetrieverEvaluationConfig)
+from utils.retriever.dpr_task import DPRTask
+from utils.retriever.training_batches import load_training_data, training_loader
 from utils.retriever.encoding import load_tokenizers
 from utils.retriever.evaluate_retriever import evaluate_retriever
 from utils.retriever.evaluation import RetrievalEvaluation, load_evaluation_data
@@ -174,7 +175,7 @@ class DPRArgs(TrainArgs):
         self.similarity = self.similarity or ("cosine" if st_normalize else "dot")
         if self.temperature is None:
             self.temperature = 0.05 if self.similarity == "cosine" else 1.0
-        for config in (EncoderConfig, NegativesConfig, LossConfig, EvaluationConfig):
+        for config in (EncoderConfig, NegativesConfig, LossConfig, RetrieverEvaluationConfig):
             self.config(config)  # their own checks, before anything is loaded
         self.reader_distillation_config()
         super().validate()
@@ -206,7 +207,7 @@ def main(argv=None):
     encoders = args.config(EncoderConfig)  # the bi-encoder, and how it reads questions and passages
     negatives = args.config(NegativesConfig)  # what each question trains against besides its positive
     loss = args.config(LossConfig)
-    eval_config = args.config(EvaluationConfig)  # what the retriever is ranked on
+    eval_config = args.config(RetrieverEvaluationConfig)  # what the retriever is ranked on
     loop = args.loop_config()  # what the shared loop takes (utils.loop.config)
     accelerator = setup(loop, training=args.do_train)
     loss.check_distributed(accelerator.distributed_type)

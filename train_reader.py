@@ -53,11 +53,11 @@ from utils.loop.setup import setup
 from utils.runtime.batching import pad_batch
 from utils.runtime.flags import arg, check_model_dir, packaged_minilm, parse_args, precision_as_trained
 from utils.runtime.process import shards_parameters
-from utils.reader.config import (DataConfig, DecodingConfig, DistillationConfig, EvaluationConfig, PassagesConfig,
+from utils.reader.config import (DataConfig, DecodingConfig, DistillationConfig, PassagesConfig, ReaderEvaluationConfig,
                                  WindowConfig)
 from utils.reader.distillation import Teacher, check_teacher, fixed_on_resume
 from utils.reader.evaluate_reader import evaluate_reader
-from utils.reader.reader_task import GroupedReaderTask, ReaderTask, prepare_eval_set
+from utils.reader.reader_task import ReaderTask, SharedNormReaderTask, prepare_eval_set
 from utils.reader.squad_data import load_train_and_dev
 from utils.reader.trained import ReaderSettings, check_layers, load_qa_model
 from utils.reader.training_batches import training_batches
@@ -91,17 +91,19 @@ class ReaderArgs(TrainArgs):
                                       "optional) or a .jsonl file of {id, question, context} lines; writes "
                                       "predictions.json and nbest.json.")
     max_seq_length: Optional[int] = arg(None, "Tokens per window (question + context + special tokens). Default: the "
-                                        "model's recorded setting (reader_settings.json), else 384.")
+                                        "model's recorded setting (reader_settings.json), else "
+                                        f"{WindowConfig.max_seq_length}.")
     pad_to_max_length: bool = arg(False, "Pad every window to --max_seq_length (static shapes) instead of to the "
                                   "longest in the batch. Slower; for hardware that recompiles on new shapes.")
     doc_stride: Optional[int] = arg(None, "Overlap in tokens between consecutive windows of a long context. "
-                                    "Default: the model's recorded setting, else 128.")
+                                    f"Default: the model's recorded setting, else {WindowConfig.doc_stride}.")
     max_query_length: Optional[int] = arg(None, "Questions are cut to this many tokens. Default: the model's "
-                                          "recorded setting, else 64.")
+                                          f"recorded setting, else {WindowConfig.max_query_length}.")
     n_best_size: Optional[int] = arg(None, "Start and end candidates per window in span decoding (and spans in "
-                                     "nbest.json). Default: the model's recorded setting, else 20.")
+                                     "nbest.json). Default: the model's recorded setting, else "
+                                     f"{DecodingConfig.n_best_size}.")
     max_answer_length: Optional[int] = arg(None, "Longest answer span, in tokens. Default: the model's recorded "
-                                           "setting, else 30.")
+                                           f"setting, else {DecodingConfig.max_answer_length}.")
     output_dir: str = arg("outputs/reader", "Where the final model, metrics, predictions and checkpoints go.")
     learning_rate: float = arg(1e-4, "Peak learning rate of AdamW.")
     num_train_epochs: Optional[float] = arg(None, "Training epochs (fractions allowed; default 8 on the shipped "
@@ -166,7 +168,7 @@ class ReaderArgs(TrainArgs):
             if self.train_file or self.dataset_name or self.dev_split or self.num_hidden_layers:
                 raise UserError("--do_train false only evaluates and predicts: drop --train_file/--dataset_name/"
                                 "--dev_split/--num_hidden_layers (a trained reader reads as trained)")
-            self.config(EvaluationConfig)
+            self.config(ReaderEvaluationConfig)
             if self.requested_precision is None:  # use the model as trained
                 self.mixed_precision = precision_as_trained(recorded.precision)
         elif self.predict_file:
@@ -189,7 +191,7 @@ class ReaderArgs(TrainArgs):
         if distillation:
             check_teacher(self.teacher, self.model_name_or_path, window.max_seq_length, window.doc_stride,
                           window.max_query_length, distillation.layer_pairs, self.num_hidden_layers,
-                          shared=self.passages_per_question > 1)
+                          shared_norm=self.passages_per_question > 1)
         super().validate()
 
     def fixed_on_resume(self) -> dict:
@@ -250,7 +252,7 @@ def main(argv=None):
     # Padded per batch, not per window: to its longest window, rounded up to tensor-core friendly shapes
     collate = lambda rows: pad_batch(rows, tokenizer.pad_token_id, multiple=window_config.pad_multiple)  # noqa: E731
     if not args.do_train:
-        return evaluate_reader(accelerator, tokenizer, collate, args.config(EvaluationConfig), window_config,
+        return evaluate_reader(accelerator, tokenizer, collate, args.config(ReaderEvaluationConfig), window_config,
                                decoding_config)
     data_config = args.config(DataConfig)
     train_examples, dev_examples = load_train_and_dev(data_config)
@@ -276,7 +278,7 @@ def main(argv=None):
 
     # --- fit, validate, publish ----------------------------------------------------------------------
     if train.groups:  # shared normalization: batches of questions, one softmax over each one's windows
-        task = GroupedReaderTask(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config,
+        task = SharedNormReaderTask(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config,
                                  train.groups, teacher=teacher)
     else:
         task = ReaderTask(accelerator, tokenizer, dev, with_no_answer, window_config, decoding_config, teacher=teacher)

@@ -48,7 +48,7 @@ def readings_of(path: str) -> tuple[dict, bool]:
     """(question id -> its passages' readings, in retrieval order, as utils.system.answer.combine takes them;
     whether the reader's rule is the shared one). A passage without a span has span_score -inf, written as null in
     the strict JSON of details.jsonl (its null score likewise, +inf)."""
-    out, shared = {}, False
+    out, shared_norm = {}, False
     with open(path, encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
@@ -60,8 +60,8 @@ def readings_of(path: str) -> tuple[dict, bool]:
                                  "score": span, "null_score": null,
                                  "null_minus_best": null - span if p["span"] else math.inf,
                                  **{k: p.get(k) for k in READING_STATS}})
-            out[row["id"]], shared = readings, row.get("rule") == "question"
-    return out, shared
+            out[row["id"]], shared_norm = readings, row.get("rule") == "question"
+    return out, shared_norm
 
 
 def run_ks(run: str, readings: dict) -> tuple[int, str]:
@@ -101,7 +101,7 @@ def main():
     except UserError as err:
         raise UserError(f"--questions {args.questions}: {err}") from None
     articles = len(articles_of(questions))
-    readings, shared = readings_of(os.path.join(args.run, "details.jsonl"))
+    readings, shared_norm = readings_of(os.path.join(args.run, "details.jsonl"))
     largest, ks = run_ks(args.run, readings)
     beyond = [k for k in args.k if not 1 <= k <= largest]
     if beyond:  # scored with the passages there are, a row would be labelled with a k the run never read
@@ -121,7 +121,7 @@ def main():
     calibration, calibrated_lines = [], []
     for k in args.k:
         def combined(qs, weight):
-            views = combined_at([readings[q["id"]] for q in qs], k, shared, weight)
+            views = combined_at([readings[q["id"]] for q in qs], k, shared_norm, weight)
             if args.abstain_on == "probability":
                 views = [dict(c, null_minus_best=c["no_answer_probability"]) for c in views]
             return views

@@ -44,14 +44,14 @@ def test_the_retrievers_score_is_a_prior_over_the_passages_read():
          "null_minus_best": -2.0, "null_start": 0.0, "null_end": 1.0, "lse_start": 2.0, "lse_end": 2.5}
     b = {**a, "passage_id": "b", "retrieval_score": 0.0, "text": "y", "score": 4.0, "null_score": -1.0,
          "null_minus_best": -5.0, "null_start": -1.0, "null_end": 0.0, "lse_start": 1.0, "lse_end": 1.5}
-    for shared in (False, True):  # one passage: raising all its logits together changes no decision
-        plain, fused = combine([a], shared), combine([a], shared, retriever_weight=8.0)
+    for shared_norm in (False, True):  # one passage: raising all its logits together changes no decision
+        plain, fused = combine([a], shared_norm), combine([a], shared_norm, retriever_weight=8.0)
         assert [fused[k] for k in ("text", "no_answer_probability")] == \
             [plain[k] for k in ("text", "no_answer_probability")]
         assert fused["null_minus_best"] == pytest.approx(plain["null_minus_best"])
-        assert combine([a, b], shared)["text"] == "y"  # the reader alone: b's span reads better
+        assert combine([a, b], shared_norm)["text"] == "y"  # the reader alone: b's span reads better
     # w = 4: every logit of a rises by 4 x 1.0 / 2, b's by 0: a's span (3 + 4) now beats b's (4)
-    c = combine([a, b], shared=True, retriever_weight=4.0)
+    c = combine([a, b], shared_norm=True, retriever_weight=4.0)
     assert (c["text"], c["passage_id"], c["score"]) == ("x", "a", 7.0)
     assert c["null_minus_best"] == pytest.approx(lse([0.0 + 2, -1.0]) + lse([1.0 + 2, 0.0]) - 7.0)
     want = (math.exp(lse([0.0 + 2, -1.0]) - lse([2.0 + 2, 1.0]))

@@ -17,7 +17,7 @@ from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
 from utils.reader.config import DistillationConfig
 from utils.reader.distillation import Teacher, check_teacher, distillation_kl, weights_hash
-from utils.reader.reader_task import GroupedReaderTask, ReaderTask
+from utils.reader.reader_task import ReaderTask, SharedNormReaderTask
 from utils.reader.shared_norm import shared_norm_loss
 from utils.reader.trained import ReaderSettings
 from utils.reader.windows import prepare_windows
@@ -74,7 +74,7 @@ def test_a_teacher_equal_to_the_student_leaves_exactly_the_labels_share_of_the_l
              "end_target": torch.zeros(n, width, dtype=torch.bool)}
     batch["start_target"][0, 2] = batch["end_target"][0, 4] = \
         batch["start_target"][2, 0] = batch["end_target"][2, 0] = 1
-    loss = GroupedReaderTask.compute_loss(types.SimpleNamespace(teacher=teacher), student, batch)
+    loss = SharedNormReaderTask.compute_loss(types.SimpleNamespace(teacher=teacher), student, batch)
     out = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     assert torch.equal(loss, 0.7 * shared_norm_loss(out.start_logits, out.end_logits, batch))
     # a window-level reader likewise, over each window's tokens

@@ -125,7 +125,7 @@ def test_every_window_carries_its_passage_so_masking_and_mining_treat_it_as_that
     from utils.retriever.config import EncoderConfig
     from utils.retriever.loss import contrastive_scores
     from utils.retriever.sentence_windows import training_windows
-    from utils.retriever.dpr_task import TrainingData
+    from utils.retriever.training_batches import TrainingData
 
     gold = ctx("g", "The lighthouse is old. It was built in 1871. Matilda Reyes designed it.")
     neg = ctx("n", "A railway crosses the valley. Trains run at noon.")

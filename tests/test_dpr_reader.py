@@ -64,7 +64,8 @@ def test_a_passage_the_reader_rules_out_keeps_a_finite_target_from_its_context_t
     such a passage lower). The score is the log-sum-exp over the context tokens themselves, by hand."""
     offsets = [None, None, (0, 3), (4, 9), (10, 15), None]  # [CLS], a question token, 3 context tokens, [SEP]
     start, end = np.array([40.0, -5.0, 0.0, -1.0, -2.0, -5.0]), np.array([38.0, -5.0, -3.0, 0.5, -1.0, -5.0])
-    reading = decode_spans(["q"], ["q"], [offsets], [start], [end], contexts={"q": "abc defgh ijklm"}, shared=True)["q"]
+    reading = decode_spans(["q"], ["q"], [offsets], [start], [end], contexts={"q": "abc defgh ijklm"},
+                           shared_norm=True)["q"]
     by_hand = np.log(np.exp(start[2:5]).sum()) + np.log(np.exp(end[2:5]).sum())
     assert np.isfinite(passage_log_probability(reading))
     np.testing.assert_allclose(passage_log_probability(reading), by_hand, rtol=1e-12)

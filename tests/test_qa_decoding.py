@@ -57,12 +57,12 @@ def test_a_log_sum_exp_over_nothing_but_minus_infinity_is_minus_infinity():
     """Logits masked to -inf everywhere (a probability of zero) give log-sum-exps of -inf, not NaN, in the reader's
     decoding and in the QA system's rule, which use the one function."""
     masked = np.full(len(OFFSETS), -np.inf)
-    out = decode_spans(["q"], ["q"], [OFFSETS], [masked], [masked], contexts={"q": CONTEXT}, shared=True)["q"]
+    out = decode_spans(["q"], ["q"], [OFFSETS], [masked], [masked], contexts={"q": CONTEXT}, shared_norm=True)["q"]
     assert [out[k] for k in ("null_start", "null_end", "lse_start", "lse_end")] == [-np.inf] * 4
     assert out["text"] == "" and out["null_minus_best"] == np.inf
     reading = {"passage_id": "a", "text": "x", "score": 1.0, "null_score": 0.0, "null_minus_best": -1.0,
                "null_start": -math.inf, "null_end": -math.inf, "lse_start": 0.0, "lse_end": 0.0}
-    both = combine([reading, dict(reading, passage_id="b")], shared=True)
+    both = combine([reading, dict(reading, passage_id="b")], shared_norm=True)
     assert both["null_minus_best"] == -math.inf and both["no_answer_probability"] == 0.0
     assert logsumexp([]) == logsumexp(np.full(3, -np.inf, dtype=np.float32)) == -math.inf
     assert logsumexp(iter([-math.inf])) == -math.inf  # any iterable, as the answer rule passes them
@@ -78,9 +78,9 @@ def test_the_n_best_are_every_allowed_pair_ranked_by_score():
     pairs = [(s, e) for s in context for e in context if s <= e < s + 4]
     by_hand = sorted(((OFFSETS[s][0], OFFSETS[e][1]), float(start[s]) + float(end[e])) for s, e in pairs)
     by_hand.sort(key=lambda item: -item[1])
-    for shared in (False, True):
+    for shared_norm in (False, True):
         out = decode_spans(["q"], ["q"], [OFFSETS], [start], [end], n_best_size=len(OFFSETS), max_answer_length=4,
-                           contexts={"q": CONTEXT}, shared=shared)["q"]
+                           contexts={"q": CONTEXT}, shared_norm=shared_norm)["q"]
         got = [((n["start"], n["end"]), n["score"]) for n in out["nbest"]]
         assert [span for span, _ in got] == [span for span, _ in by_hand[:len(OFFSETS)]]
         assert np.allclose([score for _, score in got], [score for _, score in by_hand[:len(OFFSETS)]],

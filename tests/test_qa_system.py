@@ -182,11 +182,11 @@ def assert_crossfit_at_share(out, share, calibration=None):
     """Each row's cross-fitted score is at the same share as the row: each fold answered at the weight and threshold
     tuned on the other, the threshold moved to `share` by the calibration given, or else fitted there (by hand from
     details.jsonl's readings)."""
-    readings, shared = readings_of(f"{out}/details.jsonl")
+    readings, shared_norm = readings_of(f"{out}/details.jsonl")
     questions = load_questions(f"{SAMPLE}/dev.json", need_context=False)
     for row in json.load(open(f"{out}/eval_results.json"))["rows"]:
         def combined(qs, w, k=row["k"]):
-            return combined_at([readings[q["id"]] for q in qs], k, shared, w)
+            return combined_at([readings[q["id"]] for q in qs], k, shared_norm, w)
 
         def settle(others):
             weight, threshold = tune(others, lambda w: combined(others, w), weight_grid(), cross_fit_folds(others))

@@ -94,15 +94,16 @@ def test_the_no_answer_of_a_shared_reader_is_one_over_its_windows_and_passages()
     e = [np.array([0.5, 0.2, 1.0, 3.0]), np.array([-1.0, 0.0, 2.5, 0.4])]
     one = decode_spans(["x"], ["x"], [offsets], s[:1], e[:1], contexts={"x": "Ada built a loom"})["x"]
     shared_one = decode_spans(["x"], ["x"], [offsets], s[:1], e[:1], contexts={"x": "Ada built a loom"},
-                              shared=True)["x"]
+                              shared_norm=True)["x"]
     assert one["null_score"] == shared_one["null_score"] == 1.5  # one window: the same rule either way
-    two = decode_spans(["x"], ["x", "x"], [offsets, offsets], s, e, contexts={"x": "Ada built a loom"}, shared=True)
+    two = decode_spans(["x"], ["x", "x"], [offsets, offsets], s, e, contexts={"x": "Ada built a loom"},
+                       shared_norm=True)
     assert two["x"]["null_score"] == pytest.approx(lse([1.0, 0.2]) + lse([0.5, -1.0]))
     # across passages: the log-sum-exp over every passage's windows, and the probability of no answer
     a = {"passage_id": "a", "text": "x", "score": 3.0, "null_score": 0, "null_minus_best": 0, "null_start": 0.0,
          "null_end": 1.0, "lse_start": 2.0, "lse_end": 2.5}
     b = {**a, "passage_id": "b", "score": 4.0, "null_start": -1.0, "null_end": 0.0, "lse_start": 1.0, "lse_end": 1.5}
-    c = combine([a, b], shared=True)
+    c = combine([a, b], shared_norm=True)
     assert c["passage_id"] == "b"
     assert c["null_minus_best"] == pytest.approx(lse([0.0, -1.0]) + lse([1.0, 0.0]) - 4.0)
     want = (math.exp(lse([0.0, -1.0]) - lse([2.0, 1.0])) + math.exp(lse([1.0, 0.0]) - lse([2.5, 1.5]))) / 2
@@ -130,7 +131,8 @@ def test_a_span_held_by_several_windows_is_read_as_trained_its_probability_summe
 
     starts = [window({0: 0.5, 5: 2.0}), window({0: 0.5, 2: 0.0, 4: 1.0})]
     ends = [window({0: 0.5, 5: 0.0}), window({0: 0.5, 2: 2.0, 4: -1.0})]
-    read = decode_spans(["x"], ["x", "x"], [first, second], starts, ends, contexts={"x": context}, shared=True)["x"]
+    read = decode_spans(["x"], ["x", "x"], [first, second], starts, ends, contexts={"x": context},
+                        shared_norm=True)["x"]
     null = 2 * 0.5 + 2 * math.log(2)  # both windows' [CLS], start and end
     loom = 2 * math.log(math.exp(2.0) + math.exp(0.0))  # log(e^2 + e^0) for the starts, the same for the ends
     assert (read["text"], read["nbest"][0]["start"], read["nbest"][0]["end"]) == ("loom", 12, 16)
@@ -140,7 +142,7 @@ def test_a_span_held_by_several_windows_is_read_as_trained_its_probability_summe
     # a span in one window only keeps its start + end logit
     assert {x["text"]: x["score"] for x in read["nbest"]}["1823"] == 1.0 + -1.0
     # the QA system's rule over this one passage says what the reader says
-    c = combine([{"passage_id": "p", **read}], shared=True)
+    c = combine([{"passage_id": "p", **read}], shared_norm=True)
     assert c["text"] == "loom" and c["null_minus_best"] == pytest.approx(read["null_minus_best"], rel=1e-12)
     assert answer(c, 0.0) == "loom"
     # a reader trained a window at a time keeps its best window and its least sure [CLS]

@@ -1,7 +1,7 @@
 """What the reader's training and evaluation take, as small typed configs built at the edge (train_reader.py's
 flags, ReaderArgs) with their checks beside them: `WindowConfig` (how a question and its context become windows),
 `DecodingConfig` (how the windows' logits become an answer), `PassagesConfig` (what a training question reads
-besides its own paragraph), `DataConfig` (the training and dev examples), `EvaluationConfig` (`--do_train
+besides its own paragraph), `DataConfig` (the training and dev examples), `ReaderEvaluationConfig` (`--do_train
 false`: a trained reader evaluated or predicting) and `DistillationConfig` (a teacher's part in the loss). Code
 below the script reads its settings by name from these, never from the command line's namespace. A field's flag
 has the field's name (`--doc_stride` is `WindowConfig.doc_stride`): the errors name the flag.
@@ -16,11 +16,13 @@ from utils.errors import UserError, check_at_least_one
 
 @dataclass(frozen=True)
 class WindowConfig:
-    max_seq_length: int
+    # The defaults are the ones a model without reader_settings.json is trained and read with (ReaderSettings takes
+    # them from here): declared once, where windows are configured.
+    max_seq_length: int = 384
     """Tokens per window: the question, the context and the special tokens."""
-    doc_stride: int
+    doc_stride: int = 128
     """Tokens of overlap between consecutive windows of a context longer than one window."""
-    max_query_length: int
+    max_query_length: int = 64
     """A question is cut to this many tokens."""
     pad_to_max_length: bool = False
     """Pad every window of a batch to max_seq_length (static shapes), not to the batch's longest."""
@@ -46,9 +48,9 @@ class WindowConfig:
 
 @dataclass(frozen=True)
 class DecodingConfig:
-    n_best_size: int
+    n_best_size: int = 20  # the defaults: as WindowConfig's
     """Start and end candidates per window in span decoding, and spans kept per question (nbest.json)."""
-    max_answer_length: int
+    max_answer_length: int = 30
     """The longest answer span, in tokens."""
 
     def __post_init__(self):
@@ -79,7 +81,7 @@ class PassagesConfig:
             raise UserError("--negative_passages must be >= 0")
         if self.passages_per_question < 1:
             raise UserError("--passages_per_question must be at least 1")
-        if self.negative_passages and self.shared:
+        if self.negative_passages and self.shared_norm:
             raise UserError("--negative_passages and --passages_per_question are two ways to read retrieved passages: "
                             "give one")
         if self.index is not None:
@@ -102,14 +104,14 @@ class PassagesConfig:
                             "retriever_settings.json)")
 
     @property
-    def shared(self) -> bool:
+    def shared_norm(self) -> bool:
         """Trained with shared normalization: one softmax, and one no-answer, per question."""
         return self.passages_per_question > 1
 
     @property
     def retrieving(self) -> bool:
         """Some training questions read passages of the corpus."""
-        return self.negative_passages > 0 or self.shared
+        return self.negative_passages > 0 or self.shared_norm
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,7 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-class EvaluationConfig:
+class ReaderEvaluationConfig:
     model_name_or_path: str
     """The trained reader, used as it was trained (its reader_settings.json)."""
     output_dir: str

@@ -34,13 +34,13 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits, end_logits,
-                 n_best_size=20, max_answer_length=30, contexts=None, shared: bool = False):
+                 n_best_size=20, max_answer_length=30, contexts=None, shared_norm: bool = False):
     """Return {example_id: {"text", "score", "null_score", "null_minus_best", "nbest"}} for every example id.
 
     windows_* are aligned with the rows of start_logits/end_logits (float arrays, one row per window,
     possibly of different lengths); contexts maps example id -> context string. "nbest" lists the
     `n_best_size` best distinct spans over all windows, best first, as {"text", "score", "start", "end"}
-    (character offsets into the context); "text"/"score" are its first entry. `shared`: the span and null scores of
+    (character offsets into the context); "text"/"score" are its first entry. `shared_norm`: the span and null scores of
     a reader trained with shared normalization (see the module docstring; the candidates are still the spans paired
     from each window's n best starts and ends).
     """
@@ -56,7 +56,7 @@ def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits
             n = min(len(offsets), len(starts))
             context = np.array([o is not None for o in offsets[:n]], dtype=bool)  # the tokens a span may take
             tokens = np.flatnonzero(context)
-            if shared:
+            if shared_norm:
                 read.append((starts, ends, *_token_at(offsets, tokens)))
             null_score = min(null_score, float(starts[0] + ends[0]))
             cls_s.append(starts[0])
@@ -76,7 +76,7 @@ def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits
                 span = (offsets[a][0], offsets[b][1])
                 if score > spans.get(span, -np.inf):
                     spans[span] = score
-        if shared:  # each candidate scored over every window that holds it, as the loss sums it
+        if shared_norm:  # each candidate scored over every window that holds it, as the loss sums it
             spans = {span: _summed_over_windows(span, read) for span in spans}
         # Best first; among equal scores the earlier span.
         best = sorted(spans.items(), key=lambda item: (-item[1], item[0]))[:n_best_size]
@@ -84,7 +84,7 @@ def decode_spans(example_ids, windows_example_ids, windows_offsets, start_logits
         top = nbest[0] if nbest else {"text": "", "score": -np.inf}
         stats = {"null_start": logsumexp(cls_s), "null_end": logsumexp(cls_e), "lse_start": logsumexp(all_s),
                  "lse_end": logsumexp(all_e), "context_start": logsumexp(ctx_s), "context_end": logsumexp(ctx_e)}
-        if shared:
+        if shared_norm:
             null_score = stats["null_start"] + stats["null_end"]
         results[ex_id] = {"text": top["text"], "score": top["score"], "null_score": null_score,
                           "null_minus_best": null_score - top["score"] if nbest else np.inf, "nbest": nbest, **stats}
@@ -137,10 +137,10 @@ def span_logits(model, loader, gather=None, progress: str | None = None) -> tupl
     return starts, ends
 
 
-def decode_examples(examples: list[dict], windows, starts, ends, decoding, shared: bool = False) -> dict:
+def decode_examples(examples: list[dict], windows, starts, ends, decoding, shared_norm: bool = False) -> dict:
     """{example id: best span, its score, the null score, the n best spans} (see decode_spans). `windows`: the
     examples' windows with their example_id and offset_mapping; `decoding`: its n_best_size and max_answer_length
     (utils.reader.config.DecodingConfig, or the ReaderSettings a trained reader recorded them in)."""
     return decode_spans([ex["id"] for ex in examples], windows["example_id"], windows["offset_mapping"],
                         starts, ends, decoding.n_best_size, decoding.max_answer_length,
-                        {ex["id"]: ex["context"] for ex in examples}, shared)
+                        {ex["id"]: ex["context"] for ex in examples}, shared_norm)

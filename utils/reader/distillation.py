@@ -53,11 +53,11 @@ PROBE = "Ångström's 1843 loom, at 50°C (İstanbul): non-déjà-vu élan — �
 
 
 def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_stride: int, max_query_length: int,
-                  layer_pairs: tuple = (), student_layers: int | None = None, shared: bool = False):
+                  layer_pairs: tuple = (), student_layers: int | None = None, shared_norm: bool = False):
     """A teacher the student can learn from: a trained reader whose tokenizer and recorded windows are the
     student's (`student_model`'s tokenizer, the windows the run cuts; a QA model without reader_settings.json reads
     the student's windows, as a reader trained a window at a time), trained with shared normalization if the
-    student is (`shared`: a window-level teacher's logits mean nothing across windows; the prediction layer's
+    student is (`shared_norm`: a window-level teacher's logits mean nothing across windows; the prediction layer's
     concern, not the intermediate stage's) and, for the intermediate
     stage, that has the layers `layer_pairs` name (the student's: `student_layers`, None: all of `student_model`'s).
     A one-line UserError otherwise."""
@@ -74,7 +74,7 @@ def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_str
         raise UserError(f"--teacher {teacher}: its tokenizer is not the student's ({student_model}): the positions it "
                         "teaches would be other tokens; give a teacher trained from the same tokenizer")
     recorded = ReaderSettings.load(teacher)
-    if shared and not (recorded and recorded.shared) and not layer_pairs:
+    if shared_norm and not (recorded and recorded.shared_norm) and not layer_pairs:
         why = ("it has no reader_settings.json, so it is read as a reader trained a window at a time"
                if recorded is None else "it was trained a window at a time")
         raise UserError(f"--teacher {teacher}: {why}, so its scores do not compare across the windows a question "

@@ -10,7 +10,7 @@ import torch
 from utils.files.jsonfiles import write_json
 from utils.files.squad import is_impossible, load_questions, load_squad
 from utils.loop.fit import evaluate_without_grad
-from utils.reader.config import DecodingConfig, EvaluationConfig, WindowConfig
+from utils.reader.config import DecodingConfig, ReaderEvaluationConfig, WindowConfig
 from utils.reader.decoding import apply_null_threshold
 from utils.reader.reader_task import ReaderTask, prepare_eval_set
 from utils.reader.trained import ReaderSettings, fingerprint, load_qa_model
@@ -30,7 +30,7 @@ def recorded_threshold_label(recorded: ReaderSettings | None, examples: list[dic
     return f"at the model's recorded null threshold ({recorded.null_threshold:.3f}, {source})"
 
 
-def evaluate_reader(accelerator, tokenizer, collate, eval_config: EvaluationConfig, window_config: WindowConfig,
+def evaluate_reader(accelerator, tokenizer, collate, eval_config: ReaderEvaluationConfig, window_config: WindowConfig,
                     decoding_config: DecodingConfig):
     """--do_train false: evaluate on validation_file or answer predict_file with the model as it was saved,
     with its recorded null threshold (reader_settings.json; a QA model without one gets threshold 0, the

@@ -65,7 +65,7 @@ class ReaderTask(Task):
         self.dev_fingerprint = fingerprint(dev.examples)
         # the no-answer rule: a reader trained with shared normalization (or being evaluated as one) has one per
         # question, over all its windows (utils.reader.decoding)
-        self.shared = recorded.shared if recorded is not None else self.passages_per_question > 1
+        self.shared_norm = recorded.shared_norm if recorded is not None else self.passages_per_question > 1
 
     @property
     def metric_directions(self) -> dict[str, str]:
@@ -104,7 +104,7 @@ class ReaderTask(Task):
         gather = lambda t: acc.gather_for_metrics(acc.pad_across_processes(t, dim=1, pad_index=-1e4))  # noqa: E731
         starts, ends = span_logits(model, eval_set.loader, gather)
         return decode_examples(eval_set.examples, eval_set.windows, starts, ends, self.decoding_config,
-                               shared=self.shared)
+                               shared_norm=self.shared_norm)
 
     def evaluate(self, model) -> dict:
         decoded = self.spans(model, self.dev)
@@ -145,7 +145,7 @@ class ReaderTask(Task):
         w, d = self.window_config, self.decoding_config
         ReaderSettings(w.max_seq_length, w.doc_stride, w.max_query_length, d.n_best_size, d.max_answer_length,
                        self.null_threshold, tuned_on, precision=self.accelerator.mixed_precision,
-                       normalization="question" if self.shared else "window",
+                       normalization="question" if self.shared_norm else "window",
                        passages_per_question=self.passages_per_question,
                        teacher=None if self.teacher is None else self.teacher.record()).save(directory)
 
@@ -161,7 +161,7 @@ class ReaderTask(Task):
         load_weights(model, os.path.join(directory, "model.safetensors"))
 
 
-class GroupedReaderTask(ReaderTask):
+class SharedNormReaderTask(ReaderTask):
     """The reader trained with shared normalization (train_reader.py --passages_per_question M): the loader yields
     question indices, a batch is all the windows of the passages those questions read this epoch
     (utils.reader.groups), and the loss shares one softmax per question across them (utils.reader.shared_norm).

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoTokenizer
 
 from utils.errors import UserError
+from utils.reader.config import DecodingConfig, WindowConfig
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
 from utils.reader.windows import prepare_windows
 from utils.runtime.batching import pad_batch
@@ -46,11 +47,11 @@ OLD_HEADS = {"passage_selection": "a passage-selection head", "answerability": "
 class ReaderSettings:
     """How a reader turns a (question, context) pair into an answer."""
 
-    max_seq_length: int = 384
-    doc_stride: int = 128
-    max_query_length: int = 64
-    n_best_size: int = 20
-    max_answer_length: int = 30
+    max_seq_length: int = WindowConfig.max_seq_length
+    doc_stride: int = WindowConfig.doc_stride
+    max_query_length: int = WindowConfig.max_query_length
+    n_best_size: int = DecodingConfig.n_best_size
+    max_answer_length: int = DecodingConfig.max_answer_length
     # Predict "" when the null score beats the best span by more than this; None (a model trained on SQuAD v1.1
     # data, where every question has an answer) always answers.
     null_threshold: float | None = 0.0
@@ -70,7 +71,7 @@ class ReaderSettings:
     teacher: dict | None = None
 
     @property
-    def shared(self) -> bool:
+    def shared_norm(self) -> bool:
         return self.normalization == "question"
 
     def save(self, directory: str) -> None:
@@ -231,4 +232,4 @@ class Reader:
             outputs = span_logits(self.model, loader, progress=progress)
         position = {i: at for at, i in enumerate(order)}  # each window's place in the sorted batches
         starts, ends = ([xs[position[i]] for i in range(len(rows))] for xs in outputs)
-        return decode_examples(examples, windows, starts, ends, s, shared=s.shared)
+        return decode_examples(examples, windows, starts, ends, s, shared_norm=s.shared_norm)

@@ -40,7 +40,7 @@ def training_batches(accelerator, tokenizer, examples: list[dict], window_config
     # Own generator: creating an iterator must not draw from the global RNG, or a resumed run's dropout masks would
     # differ from an uninterrupted run's.
     generator = torch.Generator().manual_seed(seed)
-    if passage_config.shared:  # each question with M - 1 retrieved passages, one softmax over their windows
+    if passage_config.shared_norm:  # each question with M - 1 retrieved passages, one softmax over their windows
         groups = QuestionGroups(accelerator, tokenizer, window_config, examples, corpus,
                                 passage_config.passages_per_question, seed, rank)
         sampler = LengthGroupedBatchSampler(groups.lengths, batch_size, seed, group_by_length)

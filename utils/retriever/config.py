@@ -2,7 +2,7 @@
 flags, DPRArgs.config) with their checks beside them: `EncoderConfig` (the bi-encoder, how it reads questions and
 passages, the formats it is saved in), `NegativesConfig` (what each question trains against besides its positive),
 `LossConfig` (the contrastive loss and how a step computes it), `ReaderDistillationConfig` (what a trained reader
-adds to it: --reader) and `EvaluationConfig` (what a retriever is ranked on, in which batches). Code below the
+adds to it: --reader) and `RetrieverEvaluationConfig` (what a retriever is ranked on, in which batches). Code below the
 script reads its settings by name from these, never from the command line's namespace. A field's flag has the
 field's name (`--window_sentences` is `EncoderConfig.window_sentences`): the errors name the flag.
 """
@@ -115,7 +115,7 @@ class ReaderDistillationConfig:
 
     def __post_init__(self):
         check_reader_dir(self.reader)
-        if not (ReaderSettings.load(self.reader) or ReaderSettings()).shared:
+        if not (ReaderSettings.load(self.reader) or ReaderSettings()).shared_norm:
             raise UserError(f"--reader {self.reader}: it was trained a window at a time, so its scores do not compare "
                             "across passages; give a reader trained with --passages_per_question (shared "
                             "normalization)")
@@ -129,7 +129,7 @@ class ReaderDistillationConfig:
 
 
 @dataclass(frozen=True)
-class EvaluationConfig:
+class RetrieverEvaluationConfig:
     validation_file: str
     """DPR JSON: the questions, and their positives as the gold passages."""
     passages: Optional[str]

@@ -10,7 +10,7 @@ import torch
 
 from utils.files.jsonfiles import json_line, write_json
 from utils.retriever.bi_encoder import bi_encoder_of
-from utils.retriever.config import EncoderConfig, EvaluationConfig
+from utils.retriever.config import EncoderConfig, RetrieverEvaluationConfig
 from utils.retriever.evaluation import EvaluationData, RetrievalEvaluation
 from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings, encoder_fingerprint
 from utils.runtime.output_dir import publish_dir
@@ -18,8 +18,8 @@ from utils.runtime.process import bare_model, finish
 from utils.search.index import Index
 
 
-def evaluate_retriever(accelerator, model_dir: str, output_dir: str, encoders: EncoderConfig, config: EvaluationConfig,
-                       q_tok, p_tok, data: EvaluationData) -> None:
+def evaluate_retriever(accelerator, model_dir: str, output_dir: str, encoders: EncoderConfig,
+                       config: RetrieverEvaluationConfig, q_tok, p_tok, data: EvaluationData) -> None:
     """Rank `data` with the retriever of `model_dir` (`encoders`: its encoders, as it records them), print the
     metrics and write eval_results.json and rankings.jsonl to `output_dir`."""
     settings = RetrieverSettings.load(model_dir)

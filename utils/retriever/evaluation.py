@@ -20,7 +20,7 @@ from accelerate.utils import gather_object
 
 from utils.files.corpus import key_hash, load_passages, passage_key, unique_passages
 from utils.files.dpr import evaluation_corpus, load_dpr, training_passages
-from utils.retriever.config import EncoderConfig, EvaluationConfig, NegativesConfig
+from utils.retriever.config import EncoderConfig, NegativesConfig, RetrieverEvaluationConfig
 from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
 from utils.retriever.loss import batch_ranks
 from utils.retriever.sentence_windows import sentence_windows
@@ -47,7 +47,7 @@ class EvaluationData:
     """Each question's training-style passages, its positive then its negatives: the batches of the in-batch rank."""
 
 
-def load_evaluation_data(config: EvaluationConfig, negatives: NegativesConfig) -> EvaluationData:
+def load_evaluation_data(config: RetrieverEvaluationConfig, negatives: NegativesConfig) -> EvaluationData:
     """The dev questions, the corpus they are ranked against, and the passages of their training-style batches."""
     questions = load_dpr(config.validation_file)[:config.max_eval_samples]
     if config.index:  # the passages of a built index (checked when it was built), in its order
@@ -67,7 +67,7 @@ class RetrievalEvaluation:
     sentence windows with window_sentences), BM25 over all of it, and the dev questions' training-style batches
     for the in-batch rank."""
 
-    def __init__(self, accelerator, encoders: EncoderConfig, config: EvaluationConfig, q_tok, p_tok,
+    def __init__(self, accelerator, encoders: EncoderConfig, config: RetrieverEvaluationConfig, q_tok, p_tok,
                  data: EvaluationData, recorded_weight=None, index_shards=None, indexed: int = 0):
         """`recorded_weight`: also rank the hybrid at this dense weight (a trained retriever's: `hybrid_recorded_*`).
         `index_shards`: this process's shards of an index of the corpus's first `indexed` passages (utils.search.

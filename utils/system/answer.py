@@ -63,29 +63,29 @@ def with_prior(reading: dict, prior: float) -> dict:
     return out
 
 
-def combine(passages: list[dict], shared: bool = False, retriever_weight: float = 0.0,
+def combine(passages: list[dict], shared_norm: bool = False, retriever_weight: float = 0.0,
             calibration: tuple[float, float] | None = None) -> dict:
     """The system's view of one question from its passages' readings (each {"passage_id", "text", "score",
-    "null_score", "null_minus_best"}, for `shared` "null_start", "null_end", "lse_start", "lse_end", for
+    "null_score", "null_minus_best"}, for `shared_norm` "null_start", "null_end", "lse_start", "lse_end", for
     `retriever_weight` "retrieval_score"; in retrieval order): the best span
     over the passages (the earlier passage on equal scores), what the threshold compares and the probability of no
     answer: calibrated with `calibration` (either rule), else the shared rule's share of the softmaxes (see the
     module docstring)."""
-    out = _combined(passages, shared, retriever_weight)
+    out = _combined(passages, shared_norm, retriever_weight)
     if calibration is not None:
         out["no_answer_probability"] = calibrated(out["null_minus_best"], calibration)
     return out
 
 
-def _combined(passages, shared, retriever_weight) -> dict:
+def _combined(passages, shared_norm, retriever_weight) -> dict:
     if retriever_weight:
         passages = [with_prior(p, retriever_weight * p["retrieval_score"]) for p in passages]
     best = max(passages, key=lambda p: p["score"], default=None)
     if best is None or best["score"] == -math.inf:
         return {"text": "", "passage_id": None, "score": None, "null_minus_best": math.inf,
-                "no_answer_probability": 1.0 if shared else None}
+                "no_answer_probability": 1.0 if shared_norm else None}
     out = {"text": best["text"], "passage_id": best["passage_id"], "score": best["score"]}
-    if not shared:
+    if not shared_norm:
         return {**out, "null_minus_best": min(p["null_minus_best"] for p in passages), "no_answer_probability": None}
     null_start, null_end = logsumexp(p["null_start"] for p in passages), logsumexp(p["null_end"] for p in passages)
     lse_start, lse_end = logsumexp(p["lse_start"] for p in passages), logsumexp(p["lse_end"] for p in passages)

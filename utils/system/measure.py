@@ -35,10 +35,11 @@ def weight_grid(retriever_weight: float | None = None) -> list[float]:
     return list(RETRIEVER_WEIGHTS) if retriever_weight is None else [retriever_weight]
 
 
-def combined_at(readings: list[list[dict]], k: int, shared: bool = False, retriever_weight: float = 0.0) -> list[dict]:
-    """The system's view of each question from its first k passages (`shared`: the rule of a reader trained with
+def combined_at(readings: list[list[dict]], k: int, shared_norm: bool = False,
+                retriever_weight: float = 0.0) -> list[dict]:
+    """The system's view of each question from its first k passages (`shared_norm`: the rule of a reader trained with
     shared normalization; `retriever_weight`: the retriever's score fused in at this weight; utils.system.answer)."""
-    return [combine(passages[:k], shared, retriever_weight=retriever_weight) for passages in readings]
+    return [combine(passages[:k], shared_norm, retriever_weight=retriever_weight) for passages in readings]
 
 
 def _best_threshold(questions: list[dict], combined: list[dict]) -> tuple[float, float]:
@@ -186,26 +187,26 @@ def tuned_setting(tuning: Tuning, questions: list[dict], view, folds: list[list[
 
 
 def system_setting(tuning: Tuning, recorded_threshold: float | None, validation: list[dict] | None,
-                   readings: list[list[dict]] | None, k: int, shared: bool, folds: list[list[dict]] | None,
+                   readings: list[list[dict]] | None, k: int, shared_norm: bool, folds: list[list[dict]] | None,
                    fuse: bool = True) -> Setting:
     """What the system answers with when reading k passages: the threshold given, else tuned on the validation
     questions (`readings`: theirs; None: none to tune on) in folds of whole articles, else the reader's recorded one.
-    `shared`: the shared-normalization rule (utils.system.answer)."""
+    `shared_norm`: the shared-normalization rule (utils.system.answer)."""
     if tuning.threshold is not None or readings is None:
         weight = (tuning.retriever_weight or 0.0) if fuse else 0.0
         threshold = recorded_threshold if tuning.threshold is None else tuning.threshold
         return moved(tuning, weight, threshold, tuning.calibration)
-    return tuned_setting(tuning, validation, lambda w: combined_at(readings, k, shared, w), folds, fuse)
+    return tuned_setting(tuning, validation, lambda w: combined_at(readings, k, shared_norm, w), folds, fuse)
 
 
-def crossfitted(tuning: Tuning, questions: list[dict], readings: list[list[dict]], k: int, shared: bool,
+def crossfitted(tuning: Tuning, questions: list[dict], readings: list[list[dict]], k: int, shared_norm: bool,
                 folds: list[list[dict]]) -> dict:
     """EM/F1 of these labelled questions, each fold of whole articles answered at the setting the policy gives on
     the other folds (moved to the share as the row's is): a setting's score on articles it was not tuned on."""
     of = {q["id"]: r for q, r in zip(questions, readings)}
 
     def combined(qs, weight):
-        return combined_at([of[q["id"]] for q in qs], k, shared, weight)
+        return combined_at([of[q["id"]] for q in qs], k, shared_norm, weight)
 
     def settle(others):
         setting = tuned_setting(tuning, others, lambda w: combined(others, w), cross_fit_folds(others))
@@ -237,7 +238,7 @@ def core_scores(metrics: dict) -> dict:
 
 
 def system_row(tuning: Tuning, setting: Setting, k: int, timing: dict, questions: list[dict],
-               retrieved: list[list[dict]], readings: list[list[dict]], shared: bool,
+               retrieved: list[list[dict]], readings: list[list[dict]], shared_norm: bool,
                folds: list[list[dict]] | None = None) -> dict:
     """k's row: its setting, its `timing` (questions_per_second, reading_share), and with labelled questions the
     retriever's recall and the system's EM/F1 at the setting (at the share, and at the threshold as tuned);
@@ -252,18 +253,19 @@ def system_row(tuning: Tuning, setting: Setting, k: int, timing: dict, questions
     row.update(timing)
     if labelled(questions):
         row["recall"] = recall(questions, retrieved, k)
-        combined = combined_at(readings, k, shared, setting.weight)
+        combined = combined_at(readings, k, shared_norm, setting.weight)
         row.update(scores(questions, combined, setting.applied_threshold))
         if share is not None:  # what the share changed: the same answers, as tuned
             row["at_threshold"] = core_scores(scores(questions, combined, setting.threshold))
         if folds:
-            row["crossfit"] = core_scores(crossfitted(tuning, questions, readings, k, shared, folds))
+            row["crossfit"] = core_scores(crossfitted(tuning, questions, readings, k, shared_norm, folds))
     return row
 
 
-def gold_row(tuning: Tuning, setting: Setting, questions: list[dict], gold: list[list[dict]], shared: bool) -> dict:
+def gold_row(tuning: Tuning, setting: Setting, questions: list[dict], gold: list[list[dict]],
+             shared_norm: bool) -> dict:
     """The ceiling: each labelled question's own paragraph read alone (`gold`), scored at the unfused `setting`."""
-    combined = combined_at(gold, 1, shared)
+    combined = combined_at(gold, 1, shared_norm)
     row = {"threshold": setting.threshold, **scores(questions, combined, setting.applied_threshold)}
     if tuning.unanswerable_share is not None:
         row.update(threshold_at_share=setting.applied_threshold,

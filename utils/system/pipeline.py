@@ -77,10 +77,10 @@ class QASystem:
         return self.reader.settings.null_threshold
 
     @property
-    def shared(self) -> bool:
+    def shared_norm(self) -> bool:
         """Whether answers follow the shared rule (a reader trained with shared normalization): one no-answer per
         question over every passage read (utils.system.answer)."""
-        return self.reader.settings.shared
+        return self.reader.settings.shared_norm
 
     @property
     def precisions(self) -> dict:
@@ -150,7 +150,7 @@ class QASystem:
             check_k(each)
         settings = {share: self.settings(threshold, share) for share in set(shares)}  # each checked before reading
         retrieved = [hits[:each] for hits, each in zip(self.retrieve(questions, max(ks, default=1)), ks)]
-        out = [answer_of(combine(readings, self.shared, retriever_weight=self.retriever_weight,
+        out = [answer_of(combine(readings, self.shared_norm, retriever_weight=self.retriever_weight,
                                  calibration=settings[share][1]), settings[share][0], passages, readings)
                for passages, readings, share in zip(retrieved, self.read(questions, retrieved), shares)]
         return out[0] if one else out

@@ -69,7 +69,7 @@ def read_gold(accelerator, system: QASystem, questions: list[dict]) -> list[list
 
 
 def write_answers(accelerator, directory: str, questions: list[dict], retrieved: list[list[dict]],
-                  readings: list[list[dict]], top_k: int, setting: Setting, shared: bool) -> None:
+                  readings: list[list[dict]], top_k: int, setting: Setting, shared_norm: bool) -> None:
     """predictions.json ({id: answer text}, the official SQuAD v2 evaluation's input) and details.jsonl: per
     question its answer at top_k, the passage it was taken from and its score (null on an abstention), its
     offsets in that passage, the log ratio the threshold compares (null_minus_best), and every passage read
@@ -81,14 +81,14 @@ def write_answers(accelerator, directory: str, questions: list[dict], retrieved:
     predictions = {}
     with open(os.path.join(directory, "details.jsonl"), "w", encoding="utf-8") as f:
         for q, passages, reads in zip(questions, retrieved, readings):
-            a = answer_of(combine(reads[:top_k], shared, retriever_weight=retriever_weight, calibration=calibration),
-                          threshold, passages[:top_k], reads[:top_k])
+            combined = combine(reads[:top_k], shared_norm, retriever_weight=retriever_weight, calibration=calibration)
+            a = answer_of(combined, threshold, passages[:top_k], reads[:top_k])
             predictions[q["id"]] = a["answer"]
             f.write(json_line({"id": q["id"], "question": q["question"], "answer": a["answer"],
                                "passage_id": a["passage_id"], "score": a["score"], "start": a["start"],
                                "end": a["end"], "null_minus_best": a["null_minus_best"],
                                "no_answer_probability": a["no_answer_probability"], "top_k": top_k,
-                               "rule": "question" if shared else "window",
+                               "rule": "question" if shared_norm else "window",
                                "passages": [{"passage_id": p["passage_id"], "score": p["score"], "span": r["text"],
                                              "span_score": r["score"], "null_score": r["null_score"],
                                              "nbest": [{"text": x["text"], "score": x["score"]} for x in r["nbest"]],

@@ -131,7 +131,7 @@ def answer_settings(system, threshold, unanswerable_share="system") -> dict:
     threshold, calibration = system.settings(threshold, unanswerable_share)
     share = system.unanswerable_share if unanswerable_share == "system" else unanswerable_share
     return {"no_answer_threshold": threshold, "unanswerable_share": share,
-            "calibrated": calibration is not None, "rule": "question" if system.shared else "window",
+            "calibrated": calibration is not None, "rule": "question" if system.shared_norm else "window",
             "retriever_weight": system.retriever_weight}
 
 
