@@ -143,11 +143,8 @@ def main(argv=None):
                     "unanswerable_share": args.unanswerable_share, "processes": accelerator.num_processes,
                     "precision": system.precisions, "precision_as_trained": args.mixed_precision is None,
                     "k_note": clamped, "rows": rows, "gold_paragraphs": ceiling})
-    for row in rows:
-        accelerator.print(_line(row))
-    if ceiling:
-        accelerator.print("gold paragraphs (the ceiling): " + _line(ceiling))
-    accelerator.print(f"threshold and weights: {source}; predictions.json at k={top_k} in {args.output_dir}")
+    report(accelerator, rows, ceiling, f"threshold and weights: {source}; predictions.json at k={top_k} in "
+                                       f"{args.output_dir}")
     finish(accelerator)
 
 
@@ -159,6 +156,15 @@ def announce(accelerator, args, system: QASystem, bands: list[int], clamped: str
                       + ", ".join(f"{part} {p}" for part, p in system.precisions.items())
                       + (" (as trained)" if args.mixed_precision is None else "")
                       + (f"\nqa: {clamped}" if clamped else ""))
+
+
+def report(accelerator, rows: list[dict], ceiling: dict | None, last: str) -> None:
+    """The table as the run ends: a line per k, the ceiling, then `last`."""
+    for row in rows:
+        accelerator.print(_line(row))
+    if ceiling:
+        accelerator.print("gold paragraphs (the ceiling): " + _line(ceiling))
+    accelerator.print(last)
 
 
 def _line(row: dict) -> str:
