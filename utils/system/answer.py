@@ -1,42 +1,7 @@
-"""The rule for answering a question from several retrieved passages: one per way a reader was trained.
-
-The reader reads each passage on its own and gives its best span (and that span's score: start + end logit), its
-null score and, for the shared rule, the log-sum-exps of its windows' logits (utils.reader.decoding).
-
-* A reader trained a paragraph at a time (`normalization` "window"): spans of different passages are compared on
-  the span score, the system's answer is the best-scoring span of any passage, and the system abstains when every
-  passage's null score beats its best span by more than a threshold: `null_minus_best` = min over passages of
-  (null score - best span score) > threshold. With one passage this is exactly the reader's own SQuAD v2 rule.
-* A reader trained with shared normalization (`normalization` "question", utils.reader.shared_norm): its scores are
-  one softmax over all the windows of all the passages read, so the best span is again the best score of any passage
-  (a span's score in its passage: its start and end logits each summed, as log-sum-exps, over the windows that hold
-  it, as the reader was trained; utils.reader.decoding), and the no-answer is one decision per question: its score is
-  the log-sum-exp over every window of every passage of the [CLS] start logits plus that of the end logits, and
-  `null_minus_best` (null - best span score) is the log of the ratio of the no-answer's probability to the best
-  span's. `no_answer_probability` is the share of the start and end softmaxes (averaged) on the no-answer: a
-  probability per question.
-
-With `retriever_weight` w > 0 (fusion with the retriever, as pygaggle does for DPR's reader) the retriever's
-confidence in each passage weighs on what is read in it: every logit of a passage, start and end, rises by
-w x its retrieval score / 2, so its spans and its no-answer are scaled by exp(w x score), a prior over the passages
-read. A span of a passage ranked low has to read better to win, which is what keeps more passages from costing
-answers. Shifting every passage by the same amount changes nothing, so one passage read (or equal scores) answers
-as without, and only the scale of w matters: it is the retriever's (BM25's scores spread wider than a hybrid's),
-so it is tuned with the threshold on labelled questions (utils.system.measure.tune).
-
-Either rule's log ratio becomes a probability that the question has no answer by a calibration fitted on labelled
-questions (`calibrated`: Platt scaling, sigmoid(a x + b), fitted per k by qa_system.py). A calibrated probability
-means what it says on questions like those it was fitted on: of the questions given 0.3, about 3 in 10 have no
-answer; where the share of unanswerable questions differs, its odds move by the ratio of the two shares' odds, so a
-user who knows the share can set the threshold for it.
-
-`at_share` is that move: given the share of unanswerable questions the calibration was fitted on (its third value)
-and the share expected (`--unanswerable_share`), Bayes' rule moves every question's calibrated log odds of no answer
-by the difference of the two shares' log odds, and the threshold by the same over the calibration's slope, so that
-it still stands for the probability it stood for where it was tuned.
-
-Either way the threshold is tuned like the reader's (utils.reader.metrics.best_null_threshold) on labelled
-questions, and None (a SQuAD v1.1 reader) always answers.
+"""The rule for answering a question from several retrieved passages, one per way a reader was trained, and the
+probability of no answer: `combine` (a question's view from its passages' readings), `answer` (its text, or ""),
+`calibrated` and `at_share` (a calibration, and a move to another expected share of unanswerable questions).
+docs/QA_SYSTEM.md explains the rule; its thresholds and weights are tuned in utils.system.measure.
 """
 
 import math
@@ -69,8 +34,7 @@ def combine(passages: list[dict], shared_norm: bool = False, retriever_weight: f
     "null_score", "null_minus_best"}, for `shared_norm` "null_start", "null_end", "lse_start", "lse_end", for
     `retriever_weight` "retrieval_score"; in retrieval order): the best span
     over the passages (the earlier passage on equal scores), what the threshold compares and the probability of no
-    answer: calibrated with `calibration` (either rule), else the shared rule's share of the softmaxes (see the
-    module docstring)."""
+    answer: calibrated with `calibration` (either rule), else the shared rule's share of the softmaxes."""
     out = _combined(passages, shared_norm, retriever_weight)
     if calibration is not None:
         out["no_answer_probability"] = calibrated(out["null_minus_best"], calibration)
@@ -79,23 +43,33 @@ def combine(passages: list[dict], shared_norm: bool = False, retriever_weight: f
 
 def _combined(passages, shared_norm, retriever_weight) -> dict:
     if retriever_weight:
+        # the retriever's score as a prior over the passages read (as pygaggle fuses DPR's reader): a span of a
+        # passage ranked low must read better to win; the same shift on every passage changes nothing
         passages = [with_prior(p, retriever_weight * p["retrieval_score"]) for p in passages]
+    # either rule: the best span is the best span score of any passage (the earlier one on a tie)
     best = max(passages, key=lambda p: p["score"], default=None)
     if best is None or best["score"] == -math.inf:
         return {"text": "", "passage_id": None, "score": None, "null_minus_best": math.inf,
                 "no_answer_probability": 1.0 if shared_norm else None}
     out = {"text": best["text"], "passage_id": best["passage_id"], "score": best["score"]}
     if not shared_norm:
+        # a paragraph at a time: abstain only when every passage's null beats its best span by more than the
+        # threshold, so the smallest margin decides (one passage: the reader's own SQuAD v2 rule)
         return {**out, "null_minus_best": min(p["null_minus_best"] for p in passages), "no_answer_probability": None}
+    # shared normalization: one softmax over every window of every passage read, so one no-answer per question,
+    # its score the log-sum-exp of the [CLS] start logits plus that of the end logits, over all of them; its margin
+    # over the best span is the log ratio of their probabilities
     null_start, null_end = logsumexp(p["null_start"] for p in passages), logsumexp(p["null_end"] for p in passages)
     lse_start, lse_end = logsumexp(p["lse_start"] for p in passages), logsumexp(p["lse_end"] for p in passages)
+    # the no-answer's share of the start and of the end softmax, averaged: a probability per question
     probability = (math.exp(null_start - lse_start) + math.exp(null_end - lse_end)) / 2
     return {**out, "null_minus_best": null_start + null_end - best["score"], "no_answer_probability": probability}
 
 
 def calibrated(null_minus_best: float, calibration: tuple) -> float:
     """The probability that the question has no answer, from its log ratio (`null_minus_best`) through a calibration
-    (a, b[, share]) fitted on labelled questions (utils.system.measure.fit_calibration): sigmoid(a x + b)."""
+    (a, b[, share]) fitted on labelled questions (utils.system.measure.fit_calibration): sigmoid(a x + b). It means
+    what it says on questions like those it was fitted on (of those given 0.3, about 3 in 10 have no answer)."""
     z = calibration_logit(null_minus_best, calibration)
     return 1 / (1 + math.exp(-z)) if z >= 0 else math.exp(z) / (1 + math.exp(z))
 
@@ -139,20 +113,23 @@ def check_share(share: float | None, calibration: tuple | None) -> None:
 
 def at_share(threshold: float | None, calibration: tuple | None, share: float | None) -> tuple:
     """(threshold, calibration) for questions of which `share` have no answer, from the threshold tuned and the
-    calibration (a, b, fitted share) fitted on questions with another share (the module docstring): the log odds move
+    calibration (a, b, fitted share) fitted on questions with another share: the log odds move
     by d = log_odds(share) - log_odds(fitted share), so b by d and the threshold by -d / a; the calibration returned
     says `share`. No share: both as given."""
     if share is None:
         return threshold, calibration
     check_share(share, calibration)
     a, b, fitted = calibration
+    # Bayes' rule: only the prior differs, so every question's log odds of no answer move by the same amount, and
+    # the threshold (on x, where the log odds are a x + b) by that over the slope: it still stands for the
+    # probability it stood for where it was tuned
     moved = log_odds(share) - log_odds(fitted)
     return (None if threshold is None else threshold - moved / a), (a, b + moved, share)
 
 
 def answer(combined: dict, threshold: float | None) -> str:
     """The answer text, "" when the system abstains (no span anywhere, or the reader's rule says so:
-    utils.reader.decoding.abstains)."""
+    utils.reader.decoding.abstains); `threshold` None (a SQuAD v1.1 reader) always answers."""
     if not combined["text"] or abstains(combined["null_minus_best"], threshold):
         return ""
     return combined["text"]
