@@ -25,16 +25,16 @@ import logging
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from utils.errors import UserError, exit_on_user_error
+from utils.errors import UserError, check_at_least_one, exit_on_user_error
 from utils.retriever.index_writer import build_index
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
-from utils.runtime.flags import Flags, arg, parse_args, process_group_timeout_arg
+from utils.runtime.flags import arg, check_input_files, parse_args, process_group_timeout_arg
 from utils.runtime.process import finish, make_accelerator, peak_memory_mb
 
 
-@dataclass
-class IndexArgs(Flags):
+@dataclass(frozen=True)
+class IndexArgs:
     retriever: str = arg(None, "A retriever trained by train_dpr.py (its output directory).")
     passages: str = arg(None, "The corpus: JSON lines of {title, text, passage_id}, read as a stream.")
     output_dir: str = arg(None, "The index directory to write (or to finish: the same command resumes it).")
@@ -50,18 +50,21 @@ class IndexArgs(Flags):
                                             "directory this project did not write is refused even so.")
     process_group_timeout: int = process_group_timeout_arg()  # BM25 is built by the main process alone
 
-    def validate(self) -> None:
+    def __post_init__(self):
         if not self.retriever or not self.passages or not self.output_dir:
             raise UserError("give --retriever (a trained retriever), --passages (the corpus) and --output_dir")
-        self.check_input_files("passages")
+        check_input_files(self, "passages")
         RetrieverSettings.load(self.retriever)
-        self.check_at_least_one("batch_size", "chunk_passages", "process_group_timeout")
+        check_at_least_one(self, "batch_size", "chunk_passages", "process_group_timeout")
+
+
+FLAGS = (IndexArgs,)
 
 
 @exit_on_user_error
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
-    args = parse_args(IndexArgs, argv)
+    (args,) = parse_args(FLAGS, argv)
     # the encoder runs under its own autocast (utils.retriever.retriever)
     accelerator = make_accelerator(args.process_group_timeout)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",

@@ -24,25 +24,91 @@ tuning policy, utils/system/measure.py) -> write predictions.json, details.jsonl
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from utils.errors import UserError, exit_on_user_error
+from utils.errors import UserError, check_at_least_one, exit_on_user_error
 from utils.files.corpus import load_passages
 from utils.files.folds import cross_fit_folds
 from utils.files.jsonfiles import write_json
-from utils.runtime.flags import arg, parse_args, process_group_timeout_arg
+from utils.runtime.flags import arg, check_input_files, parse_args, process_group_timeout_arg
 from utils.runtime.output_dir import prepare_output_dir, publish_dir
 from utils.runtime.process import finish, make_accelerator
 from utils.search.index import Index
-from utils.system.inputs import SystemArgs, build_system
-from utils.system.measure import (Tuning, gold_row, labelled, measured_ks, questions_per_second, reading_share,
-                                  system_row, system_setting, tuning_source)
-from utils.system.pipeline import QASystem
+from utils.system.answer import AnswerSettings
+from utils.system.inputs import SystemConfig, build_system
+from utils.system.measure import gold_row, labelled, measured_ks, system_row, system_setting, timing, tuning_source
 from utils.system.question_set import answer_all, load_inputs, read_gold, write_answers
+from utils.system.report import announce, report
 
-@dataclass
-class QAArgs(SystemArgs):
+@exit_on_user_error
+def main(argv=None):
+    # --- setup ---------------------------------------------------------------------------------------
+    args, config, tuning = resolve(*parse_args(FLAGS, argv))
+    # each model runs under its own autocast (utils.reader.trained, utils.retriever.retriever)
+    accelerator = make_accelerator(args.process_group_timeout)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
+                        level=logging.INFO if accelerator.is_main_process else logging.ERROR)
+    # refused if it holds anything; nothing created before the end
+    prepare_output_dir(accelerator, args.output_dir, "evaluate", overwrite=args.overwrite_output_dir)
+
+    # --- data: the questions, the corpus -------------------------------------------------------------
+    questions, validation, same_file = load_inputs(args.questions, args.validation_file, args.max_questions)
+    accelerator.print(f"qa: retriever={config.retriever} reader={config.reader} questions={len(questions)} "
+                      f"corpus={config.passages or config.index} processes={accelerator.num_processes}")
+    # each process maps only its share of the index's shards and searches them (checked against the retriever)
+    index = config.index and Index.load(config.index, share=(accelerator.process_index, accelerator.num_processes))
+    passages = load_passages(config.passages) if config.retriever == "bm25" else None
+
+    with publish_dir(accelerator, args.output_dir, state="evaluated") as out:  # all outputs at the end, or none
+        # the share moves each k's own settings below, so the system itself answers as tuned
+        system = build_system(config, replace(tuning, unanswerable_share=None), accelerator, passages, index,
+                              index_dir=os.path.join(out, "index"))
+        bands, top_k, clamped = measured_ks(args.eval_k, args.top_k, len(system.passages))
+        announce(accelerator, system, bands, clamped, as_trained=config.mixed_precision is None)
+
+        # --- answer: the questions, and the validation questions where the settings are tuned on them ----
+        retrieved, readings, times = answer_all(accelerator, system, questions, bands[-1], bands)
+        gold = None  # each question's own paragraph read alone: the reader's ceiling
+        if labelled(questions) and all(q["context"] for q in questions):
+            gold = read_gold(accelerator, system, questions)
+        v_readings, v_gold, v_folds = None, None, None
+        if tuning.no_answer_threshold is None and validation is not None:
+            k = bands[-1]  # read once at the largest k: each k's setting is tuned on its first k passages
+            v_readings = readings if same_file else answer_all(accelerator, system, validation, k, [k])[1]
+            v_gold = gold if same_file else read_gold(accelerator, system, validation)
+            v_folds = cross_fit_folds(validation)
+
+        # --- measure: each k's setting by the tuning policy (utils/system/measure.py), then what it scores --
+        def setting(k, v_readings, fuse=True):
+            return system_setting(tuning, system.recorded_threshold, validation, v_readings, k, system.shared_norm,
+                                  v_folds, fuse)
+        settings = {k: setting(k, v_readings) for k in bands}
+        rows = [system_row(tuning, settings[k], k, timing(times, k, len(questions)), questions, retrieved, readings,
+                           system.shared_norm, v_folds if same_file else None) for k in bands]
+        # the same policy, unfused, on the gold paragraphs
+        ceiling = None if gold is None else gold_row(tuning, setting(1, v_gold, fuse=False), questions, gold,
+                                                     system.shared_norm)
+        source = tuning_source(tuning, args.validation_file, same_file, v_folds, v_readings is not None)
+
+        # --- write -----------------------------------------------------------------------------------------
+        write_answers(accelerator, out, questions, retrieved, readings, top_k, settings[top_k], system.shared_norm)
+        write_json(accelerator, os.path.join(out, "eval_results.json"),
+                   {"retriever": config.retriever, "reader": config.reader, "questions": args.questions,
+                    "passages": len(system.passages), "hybrid": system.hybrid, "threshold_source": source,
+                    "rule": "question" if system.shared_norm else "window",
+                    "unanswerable_share": tuning.unanswerable_share, "processes": accelerator.num_processes,
+                    "precision": system.precisions, "precision_as_trained": config.mixed_precision is None,
+                    "k_note": clamped, "rows": rows, "gold_paragraphs": ceiling})
+    report(accelerator, rows, ceiling, f"threshold and weights: {source}; predictions.json at k={top_k} in "
+                                       f"{args.output_dir}")
+    finish(accelerator)
+
+
+@dataclass(frozen=True)
+class QAArgs:
+    """The script's own flags: what to answer and measure, where the results go; the system is SystemConfig's and
+    the answer rule's settings are AnswerSettings'."""
     questions: str = arg(None, "Questions to answer: SQuAD v1.1/v2.0 JSON (with answers the system is measured), or "
                                "JSON lines of {id, question} (optionally context, answers). Every question needs an "
                                "id.")
@@ -61,120 +127,30 @@ class QAArgs(SystemArgs):
                                             "model or files of no run of this project: they are replaced.")
     process_group_timeout: int = process_group_timeout_arg()  # an index built from --passages: BM25 by one process
 
-    def tuning(self) -> Tuning:
-        """The answer rule's settings given here; the rest is tuned on --validation_file (utils.system.measure)."""
-        calibration = tuple(self.no_answer_calibration) if self.no_answer_calibration else None
-        return Tuning(self.no_answer_threshold, self.retriever_weight, calibration, self.unanswerable_share)
-
-    def validate(self) -> None:
+    def __post_init__(self):
         if not self.questions:
             raise UserError("give --questions (and --retriever, --reader, the corpus)")
-        self.check_input_files("questions", "validation_file")
-        self.validate_system(fits_calibration=self.validation_file is not None and self.no_answer_threshold is None)
-        self.check_at_least_one("top_k", "max_questions", "process_group_timeout")
-        if min(self.eval_k) < 1:
-            raise UserError(f"--eval_k must be at least 1 (got {min(self.eval_k)})")
-        self.eval_k = sorted(set(self.eval_k))
-        out = os.path.realpath(self.output_dir)
-        for name in ("reader", "retriever", "index", "questions", "passages", "validation_file"):
-            path = getattr(self, name)
-            if path and path != "bm25" and (os.path.realpath(path) + os.sep).startswith(out + os.sep):
-                raise UserError(f"--output_dir {self.output_dir} holds --{name} {path}: give another --output_dir")
+        check_input_files(self, "questions", "validation_file")
 
 
-@exit_on_user_error
-def main(argv=None):
-    # --- setup ---------------------------------------------------------------------------------------
-    args = parse_args(QAArgs, argv)
-    # each model runs under its own autocast (utils.reader.trained, utils.retriever.retriever)
-    accelerator = make_accelerator(args.process_group_timeout)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
-                        level=logging.INFO if accelerator.is_main_process else logging.ERROR)
-    # refused if it holds anything; nothing created before the end
-    prepare_output_dir(accelerator, args.output_dir, "evaluate", overwrite=args.overwrite_output_dir)
-
-    # --- data: the questions, the corpus -------------------------------------------------------------
-    questions, validation, same_file = load_inputs(args.questions, args.validation_file, args.max_questions)
-    accelerator.print(f"qa: retriever={args.retriever} reader={args.reader} questions={len(questions)} "
-                      f"corpus={args.passages or args.index} processes={accelerator.num_processes}")
-    # each process maps only its share of the index's shards and searches them (checked against the retriever)
-    index = Index.load(args.index, share=(accelerator.process_index, accelerator.num_processes)) if args.index else None
-    passages = load_passages(args.passages) if args.retriever == "bm25" else None
-
-    with publish_dir(accelerator, args.output_dir, state="evaluated") as out:  # all outputs at the end, or none
-        # the share moves each k's own settings below, so the system itself answers as tuned
-        system = build_system(args.system_config(with_share=False), accelerator, passages, index,
-                              index_dir=os.path.join(out, "index"))
-        bands, top_k, clamped = measured_ks(args.eval_k, args.top_k, len(system.passages))
-        announce(accelerator, args, system, bands, clamped)
-
-        # --- answer: the questions, and the validation questions where the settings are tuned on them ----
-        retrieved, readings, times = answer_all(accelerator, system, questions, bands[-1], bands)
-        gold = None  # each question's own paragraph read alone: the reader's ceiling
-        if labelled(questions) and all(q["context"] for q in questions):
-            gold = read_gold(accelerator, system, questions)
-        tuning, v_readings, v_gold, v_folds = args.tuning(), None, None, None
-        if tuning.threshold is None and validation is not None:
-            k = bands[-1]  # read once at the largest k: each k's setting is tuned on its first k passages
-            v_readings = readings if same_file else answer_all(accelerator, system, validation, k, [k])[1]
-            v_gold = gold if same_file else read_gold(accelerator, system, validation)
-            v_folds = cross_fit_folds(validation)
-
-        # --- measure: each k's setting by the tuning policy (utils/system/measure.py), then what it scores --
-        def setting(k, v_readings, fuse=True):
-            return system_setting(tuning, system.recorded_threshold, validation, v_readings, k, system.shared_norm,
-                                  v_folds, fuse)
-        settings = {k: setting(k, v_readings) for k in bands}
-        timing = {k: {"questions_per_second": questions_per_second(times, k, len(questions)),
-                      "reading_share": reading_share(times, k)} for k in bands}
-        rows = [system_row(tuning, settings[k], k, timing[k], questions, retrieved, readings, system.shared_norm,
-                           v_folds if same_file else None) for k in bands]
-        # the same policy, unfused, on the gold paragraphs
-        ceiling = None if gold is None else gold_row(tuning, setting(1, v_gold, fuse=False), questions, gold,
-                                                     system.shared_norm)
-        source = tuning_source(tuning, args.validation_file, same_file, v_folds, v_readings is not None)
-
-        # --- write -----------------------------------------------------------------------------------------
-        write_answers(accelerator, out, questions, retrieved, readings, top_k, settings[top_k], system.shared_norm)
-        write_json(accelerator, os.path.join(out, "eval_results.json"),
-                   {"retriever": args.retriever, "reader": args.reader, "questions": args.questions,
-                    "passages": len(system.passages), "hybrid": system.hybrid, "threshold_source": source,
-                    "rule": "question" if system.shared_norm else "window",
-                    "unanswerable_share": args.unanswerable_share, "processes": accelerator.num_processes,
-                    "precision": system.precisions, "precision_as_trained": args.mixed_precision is None,
-                    "k_note": clamped, "rows": rows, "gold_paragraphs": ceiling})
-    report(accelerator, rows, ceiling, f"threshold and weights: {source}; predictions.json at k={top_k} in "
-                                       f"{args.output_dir}")
-    finish(accelerator)
+FLAGS = (QAArgs, SystemConfig, AnswerSettings)
 
 
-def announce(accelerator, args, system: QASystem, bands: list[int], clamped: str | None) -> None:
-    """What the system ranks and reads with, and at which precision."""
-    ranking = "hybrid with BM25" if system.hybrid else "dense" if system.index else "BM25"
-    accelerator.print(f"qa: {len(system.passages)} passages, ranking {ranking}, k={bands}, answer rule "
-                      f"{'question (shared normalization)' if system.shared_norm else 'window'}; precision "
-                      + ", ".join(f"{part} {p}" for part, p in system.precisions.items())
-                      + (" (as trained)" if args.mixed_precision is None else "")
-                      + (f"\nqa: {clamped}" if clamped else ""))
-
-
-def report(accelerator, rows: list[dict], ceiling: dict | None, last: str) -> None:
-    """The table as the run ends: a line per k, the ceiling, then `last`."""
-    for row in rows:
-        accelerator.print(_line(row))
-    if ceiling:
-        accelerator.print("gold paragraphs (the ceiling): " + _line(ceiling))
-    accelerator.print(last)
-
-
-def _line(row: dict) -> str:
-    return "  ".join(f"{key} {_fmt(value)}" for key, value in row.items())
-
-
-def _fmt(value):
-    if isinstance(value, dict):
-        return "(" + ", ".join(f"{key} {_fmt(v)}" for key, v in value.items()) + ")"
-    return f"{value:.2f}" if isinstance(value, float) else value
+def resolve(args: QAArgs, config: SystemConfig, tuning: AnswerSettings):
+    """The checks across the parsed configs, once (after the system's, as the corpus and models are what a run is
+    about), and the k's in order."""
+    # the calibration is fitted here when the threshold is tuned on --validation_file
+    tuning.check(fits_calibration=args.validation_file is not None and tuning.no_answer_threshold is None)
+    check_at_least_one(args, "top_k", "max_questions", "process_group_timeout")
+    if min(args.eval_k) < 1:
+        raise UserError(f"--eval_k must be at least 1 (got {min(args.eval_k)})")
+    out = os.path.realpath(args.output_dir)
+    for name, path in (("reader", config.reader), ("retriever", config.retriever), ("index", config.index),
+                       ("questions", args.questions), ("passages", config.passages),
+                       ("validation_file", args.validation_file)):
+        if path and path != "bm25" and (os.path.realpath(path) + os.sep).startswith(out + os.sep):
+            raise UserError(f"--output_dir {args.output_dir} holds --{name} {path}: give another --output_dir")
+    return replace(args, eval_k=sorted(set(args.eval_k))), config, tuning
 
 
 if __name__ == "__main__":

@@ -33,64 +33,59 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from utils.errors import UserError, exit_on_user_error
+from utils.errors import UserError, check_at_least_one, exit_on_user_error
 from utils.files.corpus import load_passages
 from utils.runtime.flags import arg, parse_args
 from utils.search.index import Index
-from utils.system.inputs import SystemArgs, build_system
+from utils.system.answer import AnswerSettings
+from utils.system.inputs import SystemConfig, build_system
 from utils.system.server import Limits, create_app
 
 logger = logging.getLogger("qa-amp")
 
 
-@dataclass
-class ServeArgs(SystemArgs):
+@dataclass(frozen=True)
+class ServeArgs:
+    """The server's own flags; the system is SystemConfig's, the answer rule's settings AnswerSettings', what a
+    request may ask Limits'."""
     host: str = arg("127.0.0.1", "Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface).")
     port: int = arg(8000, "Port to listen on.")
-    k: int = arg(5, "Passages read per question when a request does not say.")
-    max_k: int = arg(20, "The largest k a request may ask for.")
-    max_questions: int = arg(16, "Questions one request may carry.")
-    max_question_chars: int = arg(1000, "The longest question, in characters.")
-    max_body_bytes: int = arg(1 << 20, "The largest request body, in bytes: a larger one is refused (413) before it "
-                                       "is read whole or parsed.")
     max_batch: int = arg(32, "Questions answered together in one pass (retrieval and reading batched); 1: one at a "
                              "time.")
     max_wait_ms: float = arg(5.0, "How long a pass waits for more questions to arrive before it starts.")
 
-    def validate(self) -> None:
-        self.validate_system()
-        self.check_at_least_one("k", "max_k", "max_questions", "max_question_chars", "max_batch", "max_body_bytes")
-        if self.k > self.max_k or self.max_k > 100:
-            raise UserError(f"--k ({self.k}) must be at most --max_k ({self.max_k}), and --max_k at most 100")
-        if self.max_questions > self.max_batch and self.max_batch > 1:
-            raise UserError(f"--max_questions ({self.max_questions}) must fit in one pass "
-                            f"(--max_batch {self.max_batch})")
+    def __post_init__(self):
+        check_at_least_one(self, "max_batch")
         if not 0 <= self.max_wait_ms <= 1000:
             raise UserError(f"--max_wait_ms must be between 0 and 1000 (got {self.max_wait_ms})")
         if not 0 <= self.port < 65536:
             raise UserError(f"--port {self.port}: not a port")
 
 
+FLAGS = (SystemConfig, AnswerSettings, ServeArgs, Limits)
+
+
 @exit_on_user_error
 def main(argv=None):
     # --- setup: check everything, and take the port, before anything is loaded ------------------------
-    args = parse_args(ServeArgs, argv)
+    config, rule, args, limits = parse_args(FLAGS, argv)
+    rule.check()
+    if limits.max_questions > args.max_batch and args.max_batch > 1:
+        raise UserError(f"--max_questions ({limits.max_questions}) must fit in one pass (--max_batch {args.max_batch})")
     sock = listening_socket(args.host, args.port)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     failure = []
 
     def load_system():  # on the app's loading thread: /health says "loading" meanwhile
-        passages = load_passages(args.passages) if args.passages else None
-        index = Index.load(args.index) if args.index else None
-        return build_system(args.system_config(), None, passages, index, progress=False)
+        passages = load_passages(config.passages) if config.passages else None
+        index = Index.load(config.index) if config.index else None
+        return build_system(config, rule, None, passages, index, progress=False)
 
     def on_load_failure(message):  # nothing to serve: stop, and exit 2 as every user error does
         failure.append(message)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    limits = Limits(k=args.k, max_k=args.max_k, max_questions=args.max_questions,
-                    max_question_chars=args.max_question_chars, max_body_bytes=args.max_body_bytes)
-    threshold = "recorded" if args.no_answer_threshold is None else args.no_answer_threshold
+    threshold = "recorded" if rule.no_answer_threshold is None else rule.no_answer_threshold
     app = create_app(load_system, limits, args.max_batch, args.max_wait_ms / 1000, threshold, on_load_failure)
 
     # --- serve: SIGTERM/SIGINT stop taking requests and drain the ones in flight -------------------------

@@ -1,5 +1,5 @@
-"""Print docs/FLAGS.md, the flag tables of every script, from the scripts' argument dataclasses (make_dpr_data.py's
-argparse parser): the manual says what --help says.
+"""Print docs/FLAGS.md, the flag tables of every script, from the dataclasses each script parses its command line
+into (its FLAGS; make_dpr_data.py's argparse parser): the manual says what --help says.
 
     python scripts/flag_tables.py > docs/FLAGS.md      # after changing a flag (tests/test_configs_and_docs.py checks)
 """
@@ -11,13 +11,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from index_corpus import IndexArgs  # noqa: E402
+import index_corpus  # noqa: E402
+import qa_system  # noqa: E402
+import serve  # noqa: E402
+import train_dpr  # noqa: E402
+import train_reader  # noqa: E402
 from make_dpr_data import arguments as make_dpr_data_arguments  # noqa: E402
-from qa_system import QAArgs  # noqa: E402
-from serve import ServeArgs  # noqa: E402
-from train_dpr import DPRArgs  # noqa: E402
-from train_reader import ReaderArgs  # noqa: E402
-from utils.loop.args import TrainArgs
 from utils.runtime.flags import packaged_minilm  # noqa: E402
 
 INTROS = {"shared": "Shared flags (both scripts):", "reader": "Reader flags:",
@@ -55,20 +54,31 @@ def argparse_table(parser) -> str:
     return "\n".join(rows)
 
 
+def flags(script) -> list:
+    """A script's flags as fields of the dataclasses it parses (its FLAGS), in the order --help lists them."""
+    return [f for cls in script.FLAGS for f in dataclasses.fields(cls) if f.init]
+
+
+def shared_training_flags() -> list:
+    """The flags both training scripts take with the same default and meaning: the loop's, and the few both
+    declare alike (--max_train_samples); output_dir and the like each script declares with its own."""
+    dpr = {(f.name, default(f), f.metadata["help"]) for f in flags(train_dpr)}
+    return [f for f in flags(train_reader) if (f.name, default(f), f.metadata["help"]) in dpr]
+
+
 def tables() -> dict[str, str]:
-    """{intro line: its table}, the fields in declaration order."""
-    shared = [f.name for f in dataclasses.fields(TrainArgs)]
-    own = lambda cls: [f for f in dataclasses.fields(cls) if f.name not in shared]  # noqa: E731
-    return {INTROS["shared"]: table(dataclasses.fields(TrainArgs)), INTROS["reader"]: table(own(ReaderArgs)),
-            INTROS["dpr"]: table(own(DPRArgs)), INTROS["qa"]: table(dataclasses.fields(QAArgs)),
-            INTROS["serve"]: table(dataclasses.fields(ServeArgs)),
-            INTROS["index"]: table(dataclasses.fields(IndexArgs)),
+    """{intro line: its table}, the fields in the order --help lists them."""
+    shared = shared_training_flags()
+    own = lambda script: [f for f in flags(script) if f.name not in {g.name for g in shared}]  # noqa: E731
+    return {INTROS["shared"]: table(shared), INTROS["reader"]: table(own(train_reader)),
+            INTROS["dpr"]: table(own(train_dpr)), INTROS["qa"]: table(flags(qa_system)),
+            INTROS["serve"]: table(flags(serve)), INTROS["index"]: table(flags(index_corpus)),
             INTROS["make_dpr_data"]: argparse_table(make_dpr_data_arguments())}
 
 
 HEADING = """# Flags
 
-Every flag of every script, generated from the scripts' argument dataclasses (make_dpr_data.py's parser) by
+Every flag of every script, generated from the dataclasses each script parses into (make_dpr_data.py's parser) by
 `python scripts/flag_tables.py > docs/FLAGS.md` (do not edit by hand): what `--help` says. Back to the
 [README](../README.md)."""
 

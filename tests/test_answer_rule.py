@@ -194,32 +194,33 @@ def _validation(seed: int = 0, per_article: int = 6):
 
 
 def test_the_tuning_policy_gives_what_is_given_else_the_recorded_threshold_and_moves_it_to_the_share():
-    from utils.system.answer import at_share
-    from utils.system.measure import Tuning, system_setting
+    from utils.system.answer import AnswerSettings, at_share
+    from utils.system.measure import system_setting
 
     questions, readings = _validation()
-    given = Tuning(threshold=0.5, retriever_weight=2.0, calibration=(1.5, -0.5, 0.5), unanswerable_share=0.2)
+    given = AnswerSettings(no_answer_threshold=0.5, retriever_weight=2.0, no_answer_calibration=(1.5, -0.5, 0.5),
+                           unanswerable_share=0.2)
     setting = system_setting(given, 9.0, questions, readings, 3, True, None)
     moved = at_share(0.5, (1.5, -0.5, 0.5), 0.2)
     assert (setting.weight, setting.threshold, setting.calibration) == (2.0, 0.5, (1.5, -0.5, 0.5))
     assert (setting.applied_threshold, setting.applied_calibration, setting.not_moved) == (*moved, None)
-    recorded = system_setting(Tuning(), 9.0, None, None, 3, True, None)
+    recorded = system_setting(AnswerSettings(), 9.0, None, None, 3, True, None)
     assert (recorded.weight, recorded.threshold, recorded.applied_threshold) == (0.0, 9.0, 9.0)
-    flat = system_setting(Tuning(threshold=0.5, calibration=(-1.0, 0.0, 0.5), unanswerable_share=0.2), None,
-                          None, None, 1, True, None)  # a slope below 0 orders nothing: not moved, and why
+    flat_rule = AnswerSettings(no_answer_threshold=0.5, no_answer_calibration=(-1.0, 0.0, 0.5), unanswerable_share=0.2)
+    flat = system_setting(flat_rule, None, None, None, 1, True, None)  # a slope below 0 orders nothing: not moved
     assert flat.applied_threshold == 0.5 and flat.not_moved
 
 
 def test_a_cross_fitted_score_answers_each_fold_at_the_policys_setting_on_the_others_moved_to_the_share():
     """issue 50 item 6: the cross-fitted score is at the share the row is at, each fold's threshold moved too."""
     from utils.files.folds import cross_fit_folds
-    from utils.system.answer import answer
-    from utils.system.measure import Tuning, combined_at, crossfitted, scores, system_setting
+    from utils.system.answer import AnswerSettings, answer
+    from utils.system.measure import combined_at, crossfitted, scores, system_setting
 
     questions, readings = _validation()
     of = {q["id"]: r for q, r in zip(questions, readings)}
     folds = cross_fit_folds(questions)
-    tuning = Tuning(unanswerable_share=0.1)
+    tuning = AnswerSettings(unanswerable_share=0.1)
 
     def by_hand(applied: bool) -> float:
         predictions = {}

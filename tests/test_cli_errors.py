@@ -12,7 +12,7 @@ import pytest
 from conftest import assert_user_error, run_script
 from transformers import AutoTokenizer, RobertaConfig
 
-from train_reader import ReaderArgs
+from train_reader import FLAGS as READER_FLAGS
 from utils.errors import UserError
 from utils.runtime.flags import parse_args
 
@@ -108,14 +108,14 @@ def test_bad_command_line_is_one_error_line_before_training(runs, tiny_bert_dir,
 ])
 def test_parse_errors_are_one_line_user_errors(argv, expected):
     with pytest.raises(UserError) as err:
-        parse_args(ReaderArgs, argv)
+        parse_args(READER_FLAGS, argv)
     assert expected in str(err.value) and "\n" not in str(err.value)
     assert ("did you mean" in expected) == ("did you mean" in str(err.value))
 
 
-def help_text(cls, capsys) -> str:
+def help_text(classes, capsys) -> str:
     with pytest.raises(SystemExit) as exit_:
-        parse_args(cls, ["--help"])
+        parse_args(classes, ["--help"])
     assert exit_.value.code == 0
     return " ".join(capsys.readouterr().out.split())
 
@@ -123,26 +123,25 @@ def help_text(cls, capsys) -> str:
 def test_a_percent_sign_in_a_help_text_is_shown_as_written(capsys):
     from dataclasses import dataclass
 
-    from utils.loop.args import TrainArgs
+    from utils.loop.config import LoopConfig
     from utils.runtime.flags import arg
 
-    @dataclass
-    class Args(TrainArgs):  # argparse %-formats help texts: a bare "%" made --help crash
+    @dataclass(frozen=True)
+    class Loop(LoopConfig):  # argparse %-formats help texts: a bare "%" made --help crash
         output_dir: str = arg("out", "Keep 15% of it.")
-        learning_rate: float = arg(1e-4, "LR.")
-        num_train_epochs: float = arg(1.0, "Epochs.")
+        metric_for_best_model: str = arg("f1", "Metric.")
 
-    assert "Keep 15% of it." in help_text(Args, capsys)
-    assert "Keep the pretrained word-embedding matrix fixed" in help_text(ReaderArgs, capsys)
+    assert "Keep 15% of it." in help_text((Loop,), capsys)
+    assert "Keep the pretrained word-embedding matrix fixed" in help_text(READER_FLAGS, capsys)
 
 
 def test_help_says_what_each_flag_does(capsys):
-    from train_dpr import DPRArgs
+    from train_dpr import FLAGS as DPR_FLAGS
 
-    reader, dpr = help_text(ReaderArgs, capsys), help_text(DPRArgs, capsys)
+    reader, dpr = help_text(READER_FLAGS, capsys), help_text(DPR_FLAGS, capsys)
     # the --no_ twin of a boolean flag says what it does, not the positive flag's help with "(default: False)"
     assert "--no_do_train, --no-do-train Same as --do_train false. --predict_file" in reader
-    assert "--no_embed_title, --no-embed-title Same as --embed_title false. --train_file" in dpr
+    assert "--no_embed_title, --no-embed-title Same as --embed_title false. --window_sentences" in dpr
     assert "'cls' (the first token's, as in DPR) or 'mean'" in dpr and "'dot' (inner product, DPR)" in dpr
     assert "exact, f1, HasAns_exact, HasAns_f1, NoAns_exact, NoAns_f1" in reader and "tuned_f1" in reader
     assert "mean_rank, in_batch_avg_rank (lower is better)" in dpr

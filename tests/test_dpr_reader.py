@@ -203,11 +203,11 @@ def test_the_loop_a_reader_trained_on_a_retrievers_passages_then_a_retriever_fro
     """FiD-KD's rounds: train_reader.py --retriever ranks the passages a training question reads with the retriever
     (as the QA system ranks with it, not BM25), and train_dpr.py starts from a taught retriever's encoders."""
     from accelerate import Accelerator
-    from train_reader import retriever_ranking
 
     from utils.files.corpus import load_passages
     from utils.reader.config import PassagesConfig
     from utils.reader.passages import ranked_passages
+    from utils.retriever.index_writer import ranking_for_run
     from utils.retriever.retriever import Retriever
 
     _, retriever_dir = trained_models
@@ -216,7 +216,8 @@ def test_the_loop_a_reader_trained_on_a_retrievers_passages_then_a_retriever_fro
     examples = [{"question": q} for q in questions]
     accelerator = Accelerator(cpu=True)
     config = PassagesConfig(f"{SAMPLE}/dpr_passages.jsonl", passages_per_question=2, retriever=retriever_dir)
-    corpus, rank = retriever_ranking(config, accelerator, str(tmp_path))
+    corpus, rank = ranking_for_run(accelerator, config.retriever, config.passages, config.index,
+                                   str(tmp_path / "retriever_index"))
     assert [corpus[j] for j in range(len(corpus))] == passages  # the corpus as its index holds it
     ranked = ranked_passages(accelerator, examples, corpus, 5, rank)
     retriever = Retriever(retriever_dir, device="cpu")

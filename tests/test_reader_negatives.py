@@ -102,7 +102,7 @@ RANK_IN_TWO_PROCESSES = '''
 import json, os, sys
 sys.path.insert(0, {root!r})
 from accelerate import Accelerator
-from train_reader import retriever_ranking
+from utils.retriever.index_writer import ranking_for_run
 from utils.files.corpus import load_passages
 from utils.files.squad import load_squad
 from utils.reader.config import PassagesConfig
@@ -127,7 +127,8 @@ def counted_search(self, *args, **kwargs):  # BM25 rankings
 Retriever.encode_passages, BM25.search = counted_encode, counted_search
 examples, _ = load_squad({sample!r} + "/train.json")
 config = PassagesConfig({sample!r} + "/dpr_passages.jsonl", passages_per_question=2, retriever=retriever_dir)
-corpus, rank = retriever_ranking(config, acc, os.path.join(out, "run"))
+corpus, rank = ranking_for_run(acc, config.retriever, config.passages, config.index,
+                               os.path.join(out, "run", "retriever_index"))
 dense = ranked_passages(acc, examples, corpus, negative_depth(1), rank)
 dense_pools = negative_pools(examples, corpus, dense, 1)
 scores, ids = rank([ex["question"] for ex in examples], negative_depth(1))

@@ -111,12 +111,12 @@ def test_restoring_weights_whose_names_do_not_fit_is_an_error_not_a_no_op(tiny_b
 def test_grad_cache_under_deepspeed_is_refused():
     from accelerate.utils import DistributedType
 
-    from train_dpr import DPRArgs
+    from train_dpr import FLAGS
     from utils.errors import UserError
-    from utils.runtime.flags import parse_args
     from utils.retriever.config import LossConfig
+    from utils.runtime.flags import parse_args
 
-    loss = parse_args(DPRArgs, ["--grad_cache_chunk_size", "4"]).config(LossConfig)
+    loss = parse_args(FLAGS, ["--grad_cache_chunk_size", "4"])[FLAGS.index(LossConfig)]
     loss.check_distributed(DistributedType.MULTI_GPU)
     with pytest.raises(UserError, match="does not work under DeepSpeed"):
         loss.check_distributed(DistributedType.DEEPSPEED)

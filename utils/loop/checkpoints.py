@@ -42,10 +42,10 @@ def resolve_resume(output_dir: str, want: str | None) -> str | None:
 
 
 def check_resume_fixed(output_dir: str, want: str | None, fixed: dict) -> None:
-    """Refuse (one line naming the flag) to resume a checkpoint whose run recorded other `fixed` settings
-    (LoopConfig.fixed): a run resumed with another teacher, or none, would go on learning from something else than
-    it started with, or die deep in Accelerate's load_state. A checkpoint that recorded none (an older version) is
-    not checked."""
+    """Refuse (one line naming the flag) to resume a checkpoint whose run recorded other `fixed` settings (run's
+    `fixed`, utils.loop.run): a run resumed with another teacher, or none, would go on learning from something else
+    than it started with, or die deep in Accelerate's load_state. A checkpoint that recorded none (an older version)
+    is not checked."""
     path = resolve_resume(output_dir, want)
     if not path:
         return
@@ -79,7 +79,8 @@ def _shown(value) -> str:
 def save_checkpoint(accelerator, output_dir: str, step: int, loop_state: dict, best_dir: str, keep: int | None,
                     fixed: dict | None = None) -> str:
     """accelerator.save_state into a temporary directory, then rename; keep the newest `keep` (None: all). `fixed`:
-    the settings a resume must share (LoopConfig.fixed), recorded beside the loop state (check_resume_fixed).
+    the settings a resume must share (run's `fixed`, utils.loop.run), recorded beside the loop state
+    (check_resume_fixed).
 
     The best model so far goes into the checkpoint too (hard links, no copy): the loop state names its update,
     so resuming from any checkpoint, into any directory, must bring back exactly that model."""

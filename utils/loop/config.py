@@ -1,29 +1,29 @@
-"""What the shared training loop takes, as two small typed configs built at the edge (a script's flags,
-utils.loop.args.TrainArgs.loop_config) with their checks beside them: `OptimizerConfig` (AdamW and its
-learning-rate schedule) and `LoopConfig` (the process, the updates, evaluation, checkpoints and the output
-directory). Code below the scripts reads its settings by name from these, never from the command line's namespace.
-A field's flag has the field's name (`--eval_steps` is `LoopConfig.eval_steps`): the errors name the flag.
+"""What the shared training loop takes, parsed from the command line of both training scripts: `OptimizerConfig`
+(AdamW and its learning-rate schedule) and `LoopConfig` (the process, the updates, evaluation, checkpoints and the
+output directory), each field a flag of its name with its help string and checks beside it (the errors name the
+flag). A script subclasses both for the few settings whose default and meaning are its task's (output_dir,
+learning_rate, num_train_epochs, per_device_train_batch_size, metric_for_best_model): a field declared here
+without a help string is one of those.
 """
 
 import os
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass
+from typing import Literal, Optional
 
 from utils.errors import UserError, check_at_least_one
+from utils.runtime.flags import arg, process_group_timeout_arg
 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    learning_rate: float
-    """Peak learning rate of AdamW, reached after the warm-up."""
-    weight_decay: float = 0.01
-    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
-    warmup_ratio: float = 0.1
-    """Fraction of the optimizer updates spent warming the learning rate up."""
-    lr_scheduler_type: str = "linear"
-    """The schedule after the warm-up (a transformers scheduler name), sized in optimizer updates."""
-    freeze_word_embeddings: bool = False
-    """Keep the word-embedding matrices out of the optimizer (and without gradient)."""
+    learning_rate: float  # the script's: its default is its task's
+    weight_decay: float = arg(0.01, "AdamW weight decay (not applied to biases and LayerNorm weights).")
+    warmup_ratio: float = arg(0.1, "Fraction of the optimizer updates spent warming the learning rate up.")
+    lr_scheduler_type: Literal["linear", "cosine", "constant_with_warmup"] = arg(
+        "linear", "Learning-rate schedule, sized in optimizer updates (not micro-batches).")
+    freeze_word_embeddings: bool = arg(
+        False, "Keep the pretrained word-embedding matrix fixed: about half of a small encoder's parameters, which "
+        "AdamW would update densely every step, so each step gets cheaper (docs/AMP.md: by how much).")
 
     def __post_init__(self):
         if self.learning_rate <= 0:
@@ -34,59 +34,50 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class LoopConfig:
-    output_dir: str
-    """Where checkpoints, the best model, the training log and finally the published model go."""
+    output_dir: str  # these four are the script's: their defaults and words are its task's
     metric_for_best_model: str
-    """The evaluation metric that picks the best model and drives early stopping (the task says its direction)."""
-    optimizer: OptimizerConfig
-    """AdamW and its schedule (the schedule is sized by the loop, from the prepared loader)."""
-    num_train_epochs: float = 1.0
-    """Epochs to train (fractions allowed); ignored with max_train_steps."""
-    max_train_steps: Optional[int] = None
-    """Total optimizer updates, instead of epochs."""
-    per_device_train_batch_size: int = 1
-    """Micro-batch size per process (what one loader batch holds: for the run's summary line)."""
-    gradient_accumulation_steps: int = 1
-    """Micro-batches summed into one optimizer update."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this on every update (0: no clipping)."""
-    requested_precision: Optional[str] = None
-    """"no", "fp16" or "bf16"; None defers to the Accelerate config or launcher."""
-    torch_compile: bool = False
-    """Compile the model with torch.compile (inductor) through Accelerate."""
-    seed: int = 42
-    """Seed of initialisation, data order and dropout."""
-    process_group_timeout: int = 60
-    """Minutes a process waits in a collective for the others."""
-    eval_before_training: bool = True
-    """Evaluate the starting model (not when resuming), so the gain from training is visible."""
-    eval_steps: Optional[int] = None
-    """Evaluate (and keep the best model) every N updates; always at the end."""
-    early_stopping_patience: Optional[int] = None
-    """Stop after N evaluations without improvement (needs eval_steps)."""
-    logging_steps: int = 10
-    """A training-log record every N updates."""
-    checkpointing_steps: Optional[int] = None
-    """Save the whole training state every N updates."""
-    checkpoints_total_limit: Optional[int] = 2
-    """Keep at most this many checkpoints, oldest deleted first (None: all)."""
-    resume_from_checkpoint: Optional[str] = None
-    """A checkpoint directory to continue from, "latest" (the newest in output_dir), or None: start fresh."""
-    overwrite_output_dir: bool = False
-    """Use output_dir even if it holds an earlier run's model, outputs or files of no run of this project."""
-    report_to: str = "none"
-    """Experiment trackers through Accelerate: none, tensorboard, wandb or all."""
-    hparams: dict = field(default_factory=dict, compare=False)
-    """The run's settings as trackers record them (the script's flags)."""
-    fixed: dict = field(default_factory=dict)
-    """{flag: value} that a resumed run must share with the run it continues (what teaches it: a teacher's weights
-    hash, its weight and temperature): recorded in every checkpoint, compared before anything is loaded."""
+    num_train_epochs: Optional[float] = None  # None until the script resolves it (its data says how many)
+    per_device_train_batch_size: int = 16
+    overwrite_output_dir: bool = arg(
+        False, "Use output_dir even if it holds a trained model, checkpoints or outputs of an earlier run, or files of "
+        "no run of this project: training deletes the checkpoints at the start and everything else when the new model "
+        "is published; --do_train false replaces everything when it writes its results.")
+    # --- precision -------------------------------------------------------------------------------
+    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = arg(
+        None, "Autocast precision. Default: training, what `accelerate config` / `accelerate launch` set, else 'no'; "
+        "--do_train false, the precision the model was trained at (as trained).")
+    use_amp: bool = arg(False, "Shorthand for --mixed_precision fp16 (the FARM/Haystack flag).")
+    # --- optimisation ----------------------------------------------------------------------------
+    seed: int = arg(42, "Seed for model initialisation, data order and dropout.")
+    per_device_eval_batch_size: int = arg(64, "Evaluation batch size per process.")
+    gradient_accumulation_steps: int = arg(1, "Micro-batches summed into one optimizer update.")
+    torch_compile: bool = arg(
+        False, "Compile the model with torch.compile (inductor, through Accelerate). Compiling takes a while and "
+        "recompiles for new input shapes: see docs/AMP.md for where it pays off.")
+    max_grad_norm: float = arg(1.0, "Clip the global gradient norm to this (0 disables clipping).")
+    max_train_steps: Optional[int] = arg(None, "Total optimizer updates; overrides --num_train_epochs.")
+    # --- evaluation, checkpoints, logging ---------------------------------------------------------
+    eval_before_training: bool = arg(True, "Evaluate the starting model, so the gain from training is visible.")
+    eval_steps: Optional[int] = arg(None, "Evaluate every N optimizer updates (always at the end).")
+    early_stopping_patience: Optional[int] = arg(
+        None, "Stop after N evaluations without improvement of --metric_for_best_model (needs --eval_steps).")
+    checkpointing_steps: Optional[int] = arg(None, "Save the full training state every N optimizer updates.")
+    checkpoints_total_limit: Optional[int] = arg(2, "Keep at most this many checkpoints (oldest deleted first).")
+    resume_from_checkpoint: Optional[str] = arg(
+        None, "Checkpoint directory to continue from, or 'latest' for the newest one in output_dir/checkpoints.")
+    logging_steps: int = arg(10, "Log loss and learning rate every N optimizer updates.")
+    report_to: Literal["none", "tensorboard", "wandb", "all"] = arg("none", "Experiment trackers (via Accelerate).")
+    process_group_timeout: int = process_group_timeout_arg()
 
     def __post_init__(self):
-        check_at_least_one(self, "per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps",
-                           "max_train_steps", "eval_steps", "checkpointing_steps", "checkpoints_total_limit",
-                           "early_stopping_patience", "process_group_timeout")
-        if not self.num_train_epochs > 0:  # also with --max_train_steps: a negative count is a typo, not "ignore"
+        check_at_least_one(self, "per_device_train_batch_size", "per_device_eval_batch_size",
+                           "gradient_accumulation_steps", "logging_steps", "max_train_steps", "eval_steps",
+                           "checkpointing_steps", "checkpoints_total_limit", "early_stopping_patience",
+                           "process_group_timeout")
+        if self.use_amp and self.mixed_precision not in (None, "fp16"):
+            raise UserError(f"--use_amp means fp16 but --mixed_precision {self.mixed_precision} was also given")
+        # also with --max_train_steps: a negative count is a typo, not "ignore"
+        if self.num_train_epochs is not None and not self.num_train_epochs > 0:
             raise UserError(f"--num_train_epochs must be positive (got {self.num_train_epochs})")
         if self.max_grad_norm < 0:
             raise UserError(f"--max_grad_norm must be >= 0 (got {self.max_grad_norm})")
@@ -99,3 +90,18 @@ class LoopConfig:
             raise UserError(f"--resume_from_checkpoint {want}: " + (
                 "not a checkpoint directory written by this project (no loop_state.json)" if os.path.isdir(want)
                 else "no such directory"))
+
+    @property
+    def requested_precision(self) -> Optional[str]:
+        """The precision asked for on the command line; None defers to the Accelerate config / launcher."""
+        return "fp16" if self.use_amp else self.mixed_precision
+
+
+def max_train_samples_arg():
+    """--max_train_samples, the same in both training scripts (each passes it to the loading of its data)."""
+    return arg(None, "Train on the first N examples only (quick runs).")
+
+
+def max_eval_samples_arg():
+    """--max_eval_samples, the same in both training scripts."""
+    return arg(None, "Evaluate on the first N examples only (quick runs).")

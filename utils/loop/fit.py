@@ -101,10 +101,13 @@ def set_epoch(loader, epoch: int) -> None:
 
 
 def fit(accelerator, config: LoopConfig, task: Task, model, optimizer, scheduler, train_loader, plan: Plan,
-        metrics_before_training: dict | None = None) -> tuple[LoopState, dict]:
+        metrics_before_training: dict | None = None, hparams: dict | None = None,
+        fixed: dict | None = None) -> tuple[LoopState, dict]:
     """Train `model` (already prepared) for `plan.total_updates` updates. Returns the loop state and the final
     evaluation of the model left in place (the best one, if an earlier evaluation beat the last). Ctrl-C ends it
-    with one line that says where it stopped and how to resume (utils.errors.Interrupted)."""
+    with one line that says where it stopped and how to resume (utils.errors.Interrupted). `hparams`: the run's
+    settings as trackers record them; `fixed`: {flag: value} a resumed run must share with this one (what teaches
+    it), recorded in every checkpoint."""
     state = LoopState(metrics_before_training=metrics_before_training)
     accelerator.register_for_checkpointing(scheduler, state, *task.checkpoint_objects())
     best_dir = os.path.join(config.output_dir, "best_model")
@@ -126,14 +129,14 @@ def fit(accelerator, config: LoopConfig, task: Task, model, optimizer, scheduler
         logger.info("--resume_from_checkpoint %s: no checkpoint yet, starting from scratch",
                     config.resume_from_checkpoint)
     if config.report_to != "none":
-        accelerator.init_trackers(task.tracker_project, config=tracker_config(config.hparams))
+        accelerator.init_trackers(task.tracker_project, config=tracker_config(hparams or {}))
     if not resume_path and accelerator.is_main_process and os.path.exists(log_path):
         os.remove(log_path)  # a fresh run starts a fresh log; a resumed one appends
     progress = tqdm(total=plan.total_updates, initial=state.step, desc="train", dynamic_ncols=True,
                     disable=not accelerator.is_local_main_process)
     try:
         return _fit(accelerator, config, task, model, optimizer, scheduler, train_loader, plan, state, best_dir,
-                    log_path, progress)
+                    log_path, progress, fixed or {})
     except KeyboardInterrupt:
         progress.close()
         saved = list_checkpoints(checkpoint_dir(config.output_dir))
@@ -158,7 +161,7 @@ def trim_log(path: str, step: int) -> None:
 
 
 def _fit(accelerator, config: LoopConfig, task, model, optimizer, scheduler, train_loader, plan, state, best_dir,
-         log_path, progress):
+         log_path, progress, fixed):
     scaler = accelerator.scaler  # set only for fp16 (Accelerate's native AMP)
     total_steps, accumulation = plan.total_updates, config.gradient_accumulation_steps
     interval = LogInterval()
@@ -216,7 +219,7 @@ def _fit(accelerator, config: LoopConfig, task, model, optimizer, scheduler, tra
                 model.train()  # the hook and evaluation may have switched to eval mode
             if config.checkpointing_steps and state.step % config.checkpointing_steps == 0:
                 save_checkpoint(accelerator, config.output_dir, state.step, state.state_dict(), best_dir,
-                                config.checkpoints_total_limit, config.fixed)
+                                config.checkpoints_total_limit, fixed)
             tick = time.perf_counter()
             interval.t0 += tick - housekeeping  # evaluation and checkpoints are not training time
             if state.step >= total_steps or state.stopped_early:

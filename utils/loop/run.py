@@ -6,7 +6,7 @@ import os
 
 from utils.files.jsonfiles import write_json
 from utils.loop.checkpoints import resolve_resume
-from utils.loop.config import LoopConfig
+from utils.loop.config import LoopConfig, OptimizerConfig
 from utils.loop.fit import LoopState, Plan, evaluate_without_grad, fit, plan_steps
 from utils.loop.optim import build_scheduler, optimizer_name
 from utils.loop.task import Task
@@ -24,14 +24,17 @@ def evaluate_before_training(accelerator, config: LoopConfig, task: Task, model)
     return metrics
 
 
-def run(accelerator, config: LoopConfig, task: Task, model, optimizer, train_loader) -> None:
+def run(accelerator, config: LoopConfig, task: Task, model, optimizer, train_loader, schedule: OptimizerConfig,
+        hparams: dict, fixed: dict) -> None:
     """Everything after `accelerator.prepare(model, optimizer, train_loader)`: plan the updates, evaluate the
-    starting model, fit, then publish the model, the task's outputs and eval_results.json together."""
+    starting model, fit, then publish the model, the task's outputs and eval_results.json together. `schedule`: the
+    learning-rate schedule's settings; `hparams` and `fixed`: as `fit` takes them."""
     task.check_metric_for_best_model(config.metric_for_best_model)
     plan = plan_steps(config, train_loader)  # from the prepared loader: this process's real share
-    scheduler = build_scheduler(optimizer, config.optimizer, plan.total_updates)
+    scheduler = build_scheduler(optimizer, schedule, plan.total_updates)
     before = evaluate_before_training(accelerator, config, task, model)
-    state, final = fit(accelerator, config, task, model, optimizer, scheduler, train_loader, plan, before)
+    state, final = fit(accelerator, config, task, model, optimizer, scheduler, train_loader, plan, before, hparams,
+                       fixed)
     accelerator.print("after training:  " + task.headline(final["metrics"]))
     summary = {**run_summary(accelerator, optimizer, plan, state, final, task.samples_name), **task.summary(final)}
     state_dict = full_state_dict(accelerator, model)  # every process: gathers FSDP/DeepSpeed shards

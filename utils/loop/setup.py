@@ -15,10 +15,11 @@ from utils.runtime.output_dir import prepare_output_dir
 from utils.runtime.process import check_layout, keep_freed_memory, make_accelerator
 
 
-def setup(config: LoopConfig, training: bool = True) -> Accelerator:
+def setup(config: LoopConfig, training: bool = True, fixed: dict | None = None) -> Accelerator:
     """Create the Accelerator, check the precision is real on this device, seed, refuse an output directory the
     run would destroy (utils.runtime.output_dir), and print the run summary. `training` False: the run evaluates a
-    trained model (train_reader.py / train_dpr.py --do_train false)."""
+    trained model (train_reader.py / train_dpr.py --do_train false). `fixed`: what a resumed run must share with
+    the run it continues (run's `fixed`), compared before any model or data is loaded."""
     trackers = {"none": None, "all": "all"}.get(config.report_to, [config.report_to])
     accelerator = make_accelerator(
         config.process_group_timeout,
@@ -48,7 +49,7 @@ def setup(config: LoopConfig, training: bool = True) -> Accelerator:
     prepare_output_dir(accelerator, config.output_dir, "train" if training else "evaluate",
                        overwrite=config.overwrite_output_dir, resume=config.resume_from_checkpoint)
     if training:  # before any model or data is loaded
-        check_resume_fixed(config.output_dir, config.resume_from_checkpoint, config.fixed)
+        check_resume_fixed(config.output_dir, config.resume_from_checkpoint, fixed or {})
     n = accelerator.num_processes
     layout = (f"run: precision={accelerator.mixed_precision} device={accelerator.device.type} "
               f"distributed={accelerator.distributed_type.value} processes={n}")

@@ -1,10 +1,9 @@
-"""What the reader's training and evaluation take, as small typed configs built at the edge (train_reader.py's
-flags, ReaderArgs) with their checks beside them: `WindowConfig` (how a question and its context become windows),
-`DecodingConfig` (how the windows' logits become an answer), `PassagesConfig` (what a training question reads
-besides its own paragraph), `DataConfig` (the training and dev examples), `ReaderEvaluationConfig` (`--do_train
-false`: a trained reader evaluated or predicting) and `DistillationConfig` (a teacher's part in the loss). Code
-below the script reads its settings by name from these, never from the command line's namespace. A field's flag
-has the field's name (`--doc_stride` is `WindowConfig.doc_stride`): the errors name the flag.
+"""What the reader's training and evaluation take, parsed from train_reader.py's command line: `WindowConfig` (how a
+question and its context become windows), `DecodingConfig` (how the windows' logits become an answer),
+`PassagesConfig` (what a training question reads besides its own paragraph), `DataConfig` (the training and dev
+examples), `DistillationConfig` (a teacher's part in the loss), and the loop's settings whose defaults are the
+reader's (`ReaderLoopConfig`, `ReaderOptimizerConfig`). Each field is the flag of its name, with its help
+string and its checks beside it (the errors name the flag); code below the script reads its settings from these.
 """
 
 import os
@@ -12,33 +11,37 @@ from dataclasses import dataclass
 from typing import Optional
 
 from utils.errors import UserError, check_at_least_one
+from utils.loop.config import LoopConfig, OptimizerConfig, max_eval_samples_arg, max_train_samples_arg
+from utils.reader.trained import ReaderSettings
+from utils.runtime.flags import arg
 
 
 @dataclass(frozen=True)
 class WindowConfig:
-    # The defaults are the ones a model without reader_settings.json is trained and read with (ReaderSettings takes
-    # them from here): declared once, where windows are configured.
-    max_seq_length: int = 384
-    """Tokens per window: the question, the context and the special tokens."""
-    doc_stride: int = 128
-    """Tokens of overlap between consecutive windows of a context longer than one window."""
-    max_query_length: int = 64
-    """A question is cut to this many tokens."""
-    pad_to_max_length: bool = False
-    """Pad every window of a batch to max_seq_length (static shapes), not to the batch's longest."""
-    cache_dir: Optional[str] = None
-    """Where tokenised windows are cached (None: ~/.cache/qa-amp)."""
-    preprocessing_num_workers: Optional[int] = None
-    """Processes that tokenise (datasets.map); None: this one."""
+    # None: the model's recorded setting, else the default a reader without one is trained and read with (declared
+    # once, on ReaderSettings); train_reader.py's resolve fills them in before any window is made.
+    max_seq_length: Optional[int] = arg(None, "Tokens per window (question + context + special tokens). Default: "
+                                        "the model's recorded setting (reader_settings.json), else "
+                                        f"{ReaderSettings.max_seq_length}.")
+    pad_to_max_length: bool = arg(False, "Pad every window to --max_seq_length (static shapes) instead of to the "
+                                  "longest in the batch. Slower; for hardware that recompiles on new shapes.")
+    doc_stride: Optional[int] = arg(None, "Overlap in tokens between consecutive windows of a long context. "
+                                    f"Default: the model's recorded setting, else {ReaderSettings.doc_stride}.")
+    max_query_length: Optional[int] = arg(None, "Questions are cut to this many tokens. Default: the model's "
+                                          f"recorded setting, else {ReaderSettings.max_query_length}.")
+    preprocessing_num_workers: Optional[int] = arg(None, "Processes for datasets.map tokenisation.")
+    cache_dir: Optional[str] = arg(None, "Cache for tokenised datasets (default: ~/.cache/qa-amp).")
 
     def __post_init__(self):
+        check_at_least_one(self, "preprocessing_num_workers")
+        if None in (self.max_seq_length, self.doc_stride, self.max_query_length):
+            return  # checked once resolved
         if self.max_query_length < 1 or self.max_seq_length < self.max_query_length + 16:
             raise UserError("--max_seq_length must leave room for the context after --max_query_length")
         context = self.max_seq_length - self.max_query_length - 3  # [CLS] question [SEP] context [SEP]
         if not 0 <= self.doc_stride < context:
             raise UserError(f"--doc_stride ({self.doc_stride}) must be smaller than the context part of a window "
                             f"(max_seq_length - max_query_length - 3 = {context})")
-        check_at_least_one(self, "preprocessing_num_workers")
 
     @property
     def pad_multiple(self) -> int:
@@ -48,33 +51,38 @@ class WindowConfig:
 
 @dataclass(frozen=True)
 class DecodingConfig:
-    n_best_size: int = 20  # the defaults: as WindowConfig's
-    """Start and end candidates per window in span decoding, and spans kept per question (nbest.json)."""
-    max_answer_length: int = 30
-    """The longest answer span, in tokens."""
+    n_best_size: Optional[int] = arg(None, "Start and end candidates per window in span decoding (and spans in "
+                                     "nbest.json). Default: the model's recorded setting, else "
+                                     f"{ReaderSettings.n_best_size}.")
+    max_answer_length: Optional[int] = arg(None, "Longest answer span, in tokens. Default: the model's recorded "
+                                           f"setting, else {ReaderSettings.max_answer_length}.")
 
     def __post_init__(self):
-        if self.n_best_size < 1 or self.max_answer_length < 1:
+        if any(v is not None and v < 1 for v in (self.n_best_size, self.max_answer_length)):
             raise UserError("--n_best_size and --max_answer_length must be at least 1")
 
 
 @dataclass(frozen=True)
 class PassagesConfig:
-    passages: Optional[str] = None
-    """The corpus (JSON lines of passages) the negative or retrieved passages come from; None: neither is read."""
-    negative_passages: int = 0
-    """Per training question and epoch, this many passages of the corpus without its answer, read as unanswerable
-    windows (utils.reader.negative_passages)."""
-    passages_per_question: int = 1
-    """Each training question read with this many passages (its own and retrieved ones) under one softmax: shared
-    normalization (utils.reader.groups, utils.reader.shared_norm); 1: a paragraph at a time."""
-    retriever: Optional[str] = None
-    """A retriever trained by train_dpr.py that ranks the corpus for each training question, as the QA system
-    ranks with it; None: BM25."""
-    index: Optional[str] = None
-    """Instead of passages, with retriever: an index of the corpus that retriever built (index_corpus.py), whose
-    shards the processes search; None: passages is indexed into the output directory by every process, each its
-    shard."""
+    passages: Optional[str] = arg(None, "The corpus the negative or retrieved passages come from (JSON lines of "
+                                        "title/text/passage_id).")
+    negative_passages: int = arg(0, "Per training question and epoch, N passages of --passages that hold none of its "
+                                 "answer strings, read as unanswerable windows (drawn anew each epoch from its "
+                                 "best-ranked ones): teaches a reader that will read retrieved passages to abstain.")
+    # > 1: shared normalization (utils.reader.groups, utils.reader.shared_norm)
+    passages_per_question: int = arg(1, "Read each training question with M - 1 passages of --passages retrieved for "
+                                        "it beside its own paragraph (drawn anew each epoch from its best-ranked ones; "
+                                        "one holding an answer string is a positive), all their windows sharing one "
+                                        "softmax for the start and one for the end (shared normalization): a reader "
+                                        "whose scores compare across the passages the QA system gives it, with one "
+                                        "no-answer decision per question. 1: one paragraph at a time.")
+    retriever: Optional[str] = arg(None, "Rank --passages for each training question with this retriever (trained by "
+                                         "train_dpr.py; hybrid where it recorded a dense weight, as the QA system "
+                                         "ranks) instead of BM25: a reader trained on the passages it will be given. "
+                                         "--passages is indexed into output_dir/retriever_index by every process, "
+                                         "each its shard (kept: qa_system.py --index takes it), unless --index.")
+    index: Optional[str] = arg(None, "With --retriever, instead of --passages: its index of the corpus "
+                                     "(index_corpus.py), whose shards the processes search.")
 
     def __post_init__(self):
         if self.negative_passages < 0:
@@ -116,24 +124,24 @@ class PassagesConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    train_file: Optional[str]
-    """SQuAD-format training data (utils.files.squad); None with dataset_name."""
-    validation_file: Optional[str]
-    """SQuAD-format dev data; None with dev_split or dataset_name."""
-    dev_split: Optional[float]
-    """Instead of validation_file: this fraction of train_file's articles (whole articles) is the dev set."""
-    dataset_name: Optional[str]
-    """A Hugging Face hub dataset with train and validation splits, instead of files."""
-    dataset_config_name: Optional[str]
-    """The config of dataset_name."""
-    max_train_samples: Optional[int]
-    """Train on the first N examples only (None: all)."""
-    max_eval_samples: Optional[int]
-    """Evaluate on the first N dev examples only (None: all)."""
-    seed: int
-    """Seed of the articles dev_split draws."""
+    train_file: Optional[str] = arg(None, "SQuAD v1.1/v2.0 JSON or flattened HF json/jsonl. Default: the shipped "
+                                    "sample (data/sample/train.json) when no --dataset_name is given either.")
+    validation_file: Optional[str] = arg(None, "Dev data in the same formats. Default: the shipped sample's dev "
+                                         "file when training on the sample.")
+    dev_split: Optional[float] = arg(None, "Instead of --validation_file: hold out this fraction of the train "
+                                     "file's articles (by title, so no paragraph leaks) as the dev set.")
+    dataset_name: Optional[str] = arg(None, "Hugging Face hub dataset (e.g. squad_v2) instead of files; needs "
+                                      "network access.")
+    dataset_config_name: Optional[str] = arg(None, "Config of --dataset_name.")
+    max_train_samples: Optional[int] = max_train_samples_arg()
+    max_eval_samples: Optional[int] = max_eval_samples_arg()
 
     def __post_init__(self):
+        check_at_least_one(self, "max_train_samples", "max_eval_samples")
+
+    def check_training(self) -> None:
+        """A training run's data: its dev set given, or carved out of the training file (evaluating a trained reader
+        reads validation_file alone, so train_reader.py's resolve runs these once it knows the run trains)."""
         if self.dev_split is not None:
             if not 0 < self.dev_split < 1:
                 raise UserError(f"--dev_split must be a fraction in (0, 1) (got {self.dev_split})")
@@ -150,43 +158,22 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-class ReaderEvaluationConfig:
-    model_name_or_path: str
-    """The trained reader, used as it was trained (its reader_settings.json)."""
-    output_dir: str
-    """Where predictions.json and the results go (not the model's own directory)."""
-    validation_file: Optional[str]
-    """Labelled questions to evaluate on (SQuAD format); or"""
-    predict_file: Optional[str]
-    """questions to answer (SQuAD format or JSON lines of {id, question, context})."""
-    max_eval_samples: Optional[int]
-    """Evaluate on the first N questions of validation_file only (None: all)."""
-    per_device_eval_batch_size: int
-    """Windows per forward pass per process."""
-
-    def __post_init__(self):
-        if not (self.validation_file or self.predict_file):
-            raise UserError("--do_train false needs --validation_file (evaluate) or --predict_file (predict)")
-        if self.validation_file and self.predict_file:
-            raise UserError("give --validation_file or --predict_file, not both: each writes predictions.json")
-        if os.path.abspath(self.output_dir) == os.path.abspath(self.model_name_or_path):
-            raise UserError("--output_dir is the model directory: give another one, the model's own "
-                            "predictions.json and eval_results.json would be overwritten")
-
-
-@dataclass(frozen=True)
 class DistillationConfig:
-    teacher: Optional[str] = None
-    """A trained reader whose start and end distributions the student learns (None: no teacher)."""
-    distillation_weight: Optional[float] = None
-    """w: the share of the loss that is the teacher's (the rest is the labels'); None: 0.5 for the prediction layer,
-    none for the intermediate stage (its loss is the layers' alone)."""
-    distillation_temperature: Optional[float] = None
-    """T: both distributions are softmaxes of the logits / T; above 1 the teacher's second choices weigh more; None:
-    2 for the prediction layer, none for the intermediate stage."""
-    distil_layers: Optional[str] = None
-    """The intermediate stage (TinyBERT): "S:T,..." pairs of a student layer and the teacher layer it learns (0: the
-    embeddings, i: the output of layer i); None: the prediction layer."""
+    teacher: Optional[str] = arg(None, "Distil from this trained reader (same tokenizer and windows): the loss mixes "
+                                       "in its start and end distributions over the same windows, as the student is "
+                                       "trained (per question under --passages_per_question; "
+                                       "utils/reader/distillation.py).")
+    # None: 0.5 for the prediction layer, none for the intermediate stage (its loss is the layers' alone)
+    distillation_weight: Optional[float] = arg(None, "With --teacher: w, the teacher's share of the loss, (1 - w) x "
+                                               "labels + w x T^2 x KL(teacher || student). Default 0.5 (none with "
+                                               "--distil_layers).")
+    # above 1 the teacher's second choices weigh more
+    distillation_temperature: Optional[float] = arg(None, "With --teacher: T, the softmax temperature of both "
+                                                    "distributions. Default 2 (none with --distil_layers).")
+    distil_layers: Optional[str] = arg(None, "With --teacher: the intermediate stage (TinyBERT) instead of the "
+                                       "prediction layer: student:teacher layer pairs, e.g. 0:0,1:2,2:4,3:6 (0: the "
+                                       "embeddings), hidden states and attention matched; then distil the prediction "
+                                       "layer from this run's output.")
 
     @property
     def layer_pairs(self) -> tuple:
@@ -205,6 +192,11 @@ class DistillationConfig:
         return pairs
 
     def __post_init__(self):
+        if self.teacher is None:
+            if any(v is not None
+                   for v in (self.distillation_weight, self.distillation_temperature, self.distil_layers)):
+                raise UserError("--distillation_weight, --distillation_temperature and --distil_layers need --teacher")
+            return
         if self.layer_pairs:  # checked as it is built
             if self.distillation_weight is not None or self.distillation_temperature is not None:
                 raise UserError("--distil_layers matches layers, which --distillation_weight and "
@@ -219,3 +211,22 @@ class DistillationConfig:
             raise UserError(f"--distillation_weight {self.distillation_weight}: give a share in (0, 1]")
         if not self.distillation_temperature > 0:
             raise UserError(f"--distillation_temperature {self.distillation_temperature}: must be above 0")
+
+
+@dataclass(frozen=True)
+class ReaderLoopConfig(LoopConfig):
+    """The loop's settings whose defaults and words are the reader's."""
+    output_dir: str = arg("outputs/reader", "Where the final model, metrics, predictions and checkpoints go.")
+    metric_for_best_model: str = arg(
+        "f1", "Metric that picks the best model and drives early stopping, all higher-is-better: exact, f1, "
+        "HasAns_exact, HasAns_f1, NoAns_exact, NoAns_f1 (at null threshold 0; HasAns/NoAns where the dev set has such "
+        "questions) and, on SQuAD v2 data, the same at the dev-tuned threshold: tuned_exact, tuned_f1, ...")
+    num_train_epochs: Optional[float] = arg(None, "Training epochs (fractions allowed; default 8 on the shipped "
+                                            "sample, 2 otherwise). Ignored if --max_train_steps is set.")
+    per_device_train_batch_size: int = arg(16, "Micro-batch size per process: windows, or with "
+                                               "--passages_per_question questions (with all their passages' windows).")
+
+
+@dataclass(frozen=True)
+class ReaderOptimizerConfig(OptimizerConfig):
+    learning_rate: float = arg(1e-4, "Peak learning rate of AdamW.")

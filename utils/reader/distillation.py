@@ -129,7 +129,7 @@ def distillation_kl(student: torch.Tensor, teacher: torch.Tensor, allowed: torch
 
 
 def fixed_on_resume(config: DistillationConfig | None) -> dict:
-    """What teaches a run, which a resumed run must share with it (utils.loop.config.LoopConfig.fixed): the teacher
+    """What teaches a run, which a resumed run must share with it (run's `fixed`, utils.loop.run): the teacher
     by its weights, its weight, temperature and layer pairs; none without a teacher."""
     if config is None:
         return {"teacher": None}

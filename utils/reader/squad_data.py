@@ -27,9 +27,10 @@ def split_by_article(examples: list[dict], dev_fraction: float, seed: int) -> tu
     return train, dev
 
 
-def load_train_and_dev(data_config: DataConfig) -> tuple[list[dict], list[dict]]:
+def load_train_and_dev(data_config: DataConfig, seed: int) -> tuple[list[dict], list[dict]]:
     """train_reader.py's training and dev examples: from the hub (dataset_name), or from train_file and
-    validation_file (or the train file's articles split by dev_split), cut to max_train/eval_samples."""
+    validation_file (or the train file's articles split by dev_split, drawn with `seed`), cut to
+    max_train/eval_samples."""
     c = data_config
     if c.dataset_name:  # hub datasets already use the flattened layout
         hub = datasets.load_dataset(c.dataset_name, c.dataset_config_name)
@@ -39,7 +40,7 @@ def load_train_and_dev(data_config: DataConfig) -> tuple[list[dict], list[dict]]
     else:
         train, repaired = load_squad(c.train_file)
         if c.dev_split:
-            train, dev = split_by_article(train, c.dev_split, c.seed)
+            train, dev = split_by_article(train, c.dev_split, seed)
         else:
             dev, repaired_dev = load_squad(c.validation_file)
             repaired += repaired_dev

@@ -28,7 +28,6 @@ from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoTokenizer
 
 from utils.errors import UserError
-from utils.reader.config import DecodingConfig, WindowConfig
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
 from utils.reader.windows import prepare_windows
 from utils.runtime.batching import pad_batch
@@ -47,11 +46,13 @@ OLD_HEADS = {"passage_selection": "a passage-selection head", "answerability": "
 class ReaderSettings:
     """How a reader turns a (question, context) pair into an answer."""
 
-    max_seq_length: int = WindowConfig.max_seq_length
-    doc_stride: int = WindowConfig.doc_stride
-    max_query_length: int = WindowConfig.max_query_length
-    n_best_size: int = DecodingConfig.n_best_size
-    max_answer_length: int = DecodingConfig.max_answer_length
+    # The windows (utils.reader.config.WindowConfig) and the decoding (DecodingConfig): these defaults are the ones
+    # a model without reader_settings.json is trained and read with, declared once here (the flags' help says them).
+    max_seq_length: int = 384
+    doc_stride: int = 128
+    max_query_length: int = 64
+    n_best_size: int = 20
+    max_answer_length: int = 30
     # Predict "" when the null score beats the best span by more than this; None (a model trained on SQuAD v1.1
     # data, where every question has an answer) always answers.
     null_threshold: float | None = 0.0

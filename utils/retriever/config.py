@@ -1,73 +1,70 @@
-"""What the DPR retriever's training and evaluation take, as small typed configs built at the edge (train_dpr.py's
-flags, DPRArgs.config) with their checks beside them: `EncoderConfig` (the bi-encoder, how it reads questions and
-passages, the formats it is saved in), `NegativesConfig` (what each question trains against besides its positive),
-`LossConfig` (the contrastive loss and how a step computes it), `ReaderDistillationConfig` (what a trained reader
-adds to it: --reader) and `RetrieverEvaluationConfig` (what a retriever is ranked on, in which batches). Code below the
-script reads its settings by name from these, never from the command line's namespace. A field's flag has the
-field's name (`--window_sentences` is `EncoderConfig.window_sentences`): the errors name the flag.
+"""What the DPR retriever's training and evaluation take, parsed from train_dpr.py's command line: `EncoderConfig`
+(the bi-encoder, how it reads questions and passages, the formats it is saved in), `NegativesConfig` (what each
+question trains against besides its positive), `LossConfig` (the contrastive loss and how a step computes it),
+`ReaderDistillationConfig` (what a trained reader adds to it: --reader), `RetrieverEvaluationConfig` (what a retriever
+is ranked on), and the loop's settings whose defaults are DPR's (`DPRLoopConfig`, `DPROptimizerConfig`). Each field
+is the flag of its name, with its help string and its checks beside it (the errors name the flag).
 """
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 from accelerate.utils import DistributedType
 
 from utils.errors import UserError, check_at_least_one
+from utils.loop.config import LoopConfig, OptimizerConfig, max_eval_samples_arg
 from utils.reader.trained import ReaderSettings, check_reader_dir
+from utils.runtime.flags import arg, packaged_minilm
 
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    query_model_name_or_path: str
-    """The question encoder to start from (a directory or a hub name)."""
-    passage_model_name_or_path: str
-    """The passage encoder to start from; not read with shared_encoder."""
-    shared_encoder: bool
-    """One encoder, query_model_name_or_path's, for questions and passages."""
-    pooling: str
-    """How an encoder's token vectors become one embedding: "cls" (the first token's, as in DPR) or "mean" (over
-    the real tokens)."""
-    similarity: str
-    """The score of a question and a passage: "dot" (inner product) or "cosine" (of normalised embeddings)."""
-    embed_title: bool
-    """A passage is encoded as the pair (title, text), else as its text alone."""
-    window_sentences: int
-    """0: a passage is one text; N: its windows of N consecutive sentences, each encoded with its passage's title,
-    a passage ranking by its best window. The unit trained on, mined, and ranked."""
-    max_query_length: int
-    """Question tokens."""
-    max_passage_length: int
-    """Passage tokens (title and text)."""
-    length_buckets: int
-    """A batch's passages are encoded as this many sub-batches of similar length, each padded only to its own
-    longest: the same embeddings, less padding."""
-    export_dpr: bool
-    """The trained encoders are also saved as transformers' DPRQuestionEncoder and DPRContextEncoder (Haystack 1.x),
-    which pool the [CLS] token."""
+    query_model_name_or_path: str = arg(packaged_minilm(), "Question encoder to start from (default: packaged MiniLM).")
+    passage_model_name_or_path: str = arg(packaged_minilm(),
+                                          "Passage encoder to start from (default: packaged MiniLM).")
+    shared_encoder: bool = arg(False, "One encoder for questions and passages (--query_model_name_or_path).")
+    # None, here and in similarity: train_dpr.py's resolve fills them in from the starting model
+    pooling: Optional[Literal["cls", "mean"]] = arg(
+        None, "How an encoder's token vectors become one embedding: 'cls' (the first token's, as in DPR) or 'mean' "
+        "(over the real tokens). Default: what a sentence-transformers starting model was trained with, else 'cls'.")
+    similarity: Optional[Literal["dot", "cosine"]] = arg(
+        None, "Score of a question and a passage: 'dot' (inner product, DPR) or 'cosine' (inner product of "
+        "normalised embeddings). Default: 'cosine' if the starting model normalises its embeddings, else 'dot'.")
+    embed_title: bool = arg(True, "Encode passages as the pair (title, text) rather than text alone.")
+    # the unit trained on, mined and ranked
+    window_sentences: int = arg(
+        0, "Retrieve windows of N consecutive sentences (each encoded with its passage's title), not whole passages: "
+        "each question trains against the window of its positive passage that holds its answer, with windows as "
+        "negatives, and a passage ranks by its best window (MaxP). 0: one vector per passage (DPR). Recorded in "
+        "retriever_settings.json: the Retriever API and --do_train false index and rank the same way.")
+    length_buckets: int = arg(4, "Encode each batch's passages as N sub-batches of similar length, each padded "
+                                 "only to its own longest (same embeddings, less padding); 1: one padded batch.")
+    max_query_length: int = arg(64, "Question tokens.")
+    max_passage_length: int = arg(256, "Passage tokens (title + text).")
+    # transformers' DPR encoders pool the [CLS] token
+    export_dpr: bool = arg(False, "Also write transformers DPRQuestionEncoder/DPRContextEncoder dirs (Haystack 1.x).")
 
     def __post_init__(self):
-        if self.pooling not in ("cls", "mean"):
+        if self.pooling not in ("cls", "mean", None):
             raise UserError(f"--pooling must be cls or mean (got {self.pooling})")
-        if self.similarity not in ("dot", "cosine"):
+        if self.similarity not in ("dot", "cosine", None):
             raise UserError(f"--similarity must be dot or cosine (got {self.similarity})")
         if self.window_sentences < 0:
             raise UserError("--window_sentences must be >= 0 (0: whole passages)")
         check_at_least_one(self, "length_buckets")
-        if self.export_dpr and self.pooling != "cls":
+        if self.export_dpr and self.pooling not in ("cls", None):
             raise UserError("--export_dpr needs --pooling cls: transformers' DPR encoders pool the [CLS] token")
 
 
 @dataclass(frozen=True)
 class NegativesConfig:
-    num_hard_negatives: int
-    """Negatives per question in its batch besides its positive: its hard negatives first, topped up from its
-    negative_ctxs, then from other questions' positives."""
-    refresh_negatives_every: Optional[int]
-    """Every N updates and at each epoch start, re-mine each question's hard negatives with the model being
-    trained (ANCE-style); None: they stay as first chosen."""
-    seed: int
-    """Seed of the random top-up: the first negatives are a pure function of the data and the seed."""
+    # its hard negatives first, topped up from its negative_ctxs, then from other questions' positives
+    num_hard_negatives: int = arg(1, "Hard negatives per question (topped up from negative_ctxs, then random).")
+    refresh_negatives_every: Optional[int] = arg(
+        None, "Every N updates and at each epoch start, re-mine each training question's hard negatives with the "
+        "model being trained (ANCE-style): the best-ranked training passages that are neither a positive nor "
+        "contain an answer string.")
 
     def __post_init__(self):
         if self.num_hard_negatives < 0:
@@ -79,14 +76,14 @@ class NegativesConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    temperature: float
-    """Logits = similarity / temperature."""
-    grad_cache_chunk_size: Optional[int]
-    """GradCache: a step embeds and backpropagates this many questions (with their passages) at a time, for the
-    same loss and gradients as the whole batch at once; None: the whole batch at once."""
+    # None: train_dpr.py's resolve fills it in from the similarity
+    temperature: Optional[float] = arg(None, "Logits = similarity / temperature. Default 0.05 for cosine, 1 for dot.")
+    # the same loss and gradients as the whole batch at once
+    grad_cache_chunk_size: Optional[int] = arg(None, "GradCache: questions per forward chunk. The full batch's "
+                                               "in-batch negatives at the memory of one chunk.")
 
     def __post_init__(self):
-        if self.temperature <= 0:
+        if self.temperature is not None and self.temperature <= 0:
             raise UserError("--temperature must be positive")
         check_at_least_one(self, "grad_cache_chunk_size")
 
@@ -102,18 +99,33 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class ReaderDistillationConfig:
-    reader: str
-    """A reader trained by train_reader.py with shared normalization (--passages_per_question): its share of each
-    question's answer probability over the retriever's top passages is the target the retriever learns."""
-    distill_passages: int = 4
-    """N: per training question, the retriever's current top N passages (refreshed with the negatives) are read by
-    the reader and make up the distribution learned."""
-    distillation_weight: float = 0.5
-    """w: the retriever's loss is (1 - w) x the in-batch loss + w x KL(reader || retriever) over the N passages."""
-    distillation_temperature: float = 1.0
-    """T: the target is the softmax of the reader's passage log-probabilities / T; above 1 it is flatter."""
+    # its share of each question's answer probability over the retriever's top passages is the target learned
+    reader: Optional[str] = arg(
+        None, "Learn from this reader (trained by train_reader.py with --passages_per_question): at every negatives "
+        "refresh it reads each training question's current top --distill_passages passages, and the loss mixes in "
+        "KL(reader || retriever) over them, the reader's share of the answer per passage as the target (FiD-KD). "
+        "Needs --refresh_negatives_every.")
+    distill_passages: Optional[int] = arg(None, "With --reader: N, the top passages per question it reads. Default 4.")
+    distillation_weight: Optional[float] = arg(None, "With --reader: w, the loss is (1 - w) x in-batch + w x KL. "
+                                               "Default 0.5.")
+    # above 1 the target is flatter
+    distillation_temperature: Optional[float] = arg(None, "With --reader: T, the target is softmax(reader's passage "
+                                                    "log probabilities / T). Default 1.")
 
     def __post_init__(self):
+        given = (self.distill_passages, self.distillation_weight, self.distillation_temperature)
+        if self.reader is None:
+            if any(v is not None for v in given):
+                raise UserError("--distill_passages, --distillation_weight and --distillation_temperature "
+                                "need --reader")
+            return
+        for name, default in (("distill_passages", 4), ("distillation_weight", 0.5), ("distillation_temperature", 1.0)):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
+
+    def check_reader(self) -> None:
+        """The reader and the settings, checked once (it reads the reader's directory), when train_dpr.py's resolve
+        knows the run trains and refreshes its negatives."""
         check_reader_dir(self.reader)
         if not (ReaderSettings.load(self.reader) or ReaderSettings()).shared_norm:
             raise UserError(f"--reader {self.reader}: it was trained a window at a time, so its scores do not compare "
@@ -130,20 +142,43 @@ class ReaderDistillationConfig:
 
 @dataclass(frozen=True)
 class RetrieverEvaluationConfig:
-    validation_file: str
-    """DPR JSON: the questions, and their positives as the gold passages."""
-    passages: Optional[str]
-    """The corpus file to rank (JSON lines of passages); None: every context of validation_file, or index's."""
-    index: Optional[str]
-    """Instead of passages: an index directory (index_corpus.py) of the corpus, its vectors searched, not embedded."""
-    max_eval_samples: Optional[int]
-    """Evaluate on the first N questions only (None: all)."""
-    per_device_eval_batch_size: int
-    """Texts per forward pass per process when embedding without gradients (evaluation, the negatives refresh)."""
-    per_device_train_batch_size: int
-    """Questions per process of a training batch: the in-batch rank ranks each positive among the passages of its
-    training-style global batch."""
+    # its questions, and their positives as the gold passages
+    validation_file: Optional[str] = arg(None, "DPR JSON for evaluation. Default: the shipped sample's dev file.")
+    passages: Optional[str] = arg(None, "Corpus to rank at evaluation (JSON lines of title/text/passage_id). "
+                                        "Default: the sample's corpus on the sample; else every context of the "
+                                        "dev file.")
+    # its vectors searched, not embedded
+    index: Optional[str] = arg(None, "With --do_train false, instead of --passages: an index of the corpus built by "
+                                     "index_corpus.py with this retriever; each process searches its share of the "
+                                     "shards.")
+    max_eval_samples: Optional[int] = max_eval_samples_arg()
 
     def __post_init__(self):
-        if self.index is not None and not os.path.isdir(self.index):
+        check_at_least_one(self, "max_eval_samples")
+
+    def check_index(self, evaluating: bool) -> None:
+        """--index: the directory of an index, for evaluating a trained retriever (`evaluating`) instead of
+        passages."""
+        if self.index is None:
+            return
+        if not evaluating or self.passages:
+            raise UserError("--index is for --do_train false, instead of --passages")
+        if not os.path.isdir(self.index):
             raise UserError(f"--index {self.index}: no such directory")
+
+
+@dataclass(frozen=True)
+class DPRLoopConfig(LoopConfig):
+    """The loop's settings whose defaults and words are DPR's."""
+    output_dir: str = arg("outputs/dpr", "Where the encoders, metrics, rankings and checkpoints go.")
+    metric_for_best_model: str = arg(
+        "mrr@10", "Metric for best-model keeping and early stopping: top1, top5, top20, top100, mrr@10 (higher is "
+        "better), mean_rank, in_batch_avg_rank (lower is better) of the dense ranking, or of a hybrid with BM25: "
+        "hybrid_top1, rrf_mrr@10, ...")
+    num_train_epochs: Optional[float] = arg(None, "Training epochs (default 4 on the shipped sample, 2 otherwise).")
+    per_device_train_batch_size: int = arg(16, "Questions per micro-batch per process.")
+
+
+@dataclass(frozen=True)
+class DPROptimizerConfig(OptimizerConfig):
+    learning_rate: float = arg(2e-5, "Peak learning rate of AdamW.")

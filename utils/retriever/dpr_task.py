@@ -56,7 +56,7 @@ class DPRTask(Task):
                  reader: ReaderDistillationConfig | None = None):
         self.accelerator, self.encoders, self.negatives, self.loss = accelerator, encoders, negatives, loss
         self.data, self.evaluation, self.q_tok, self.p_tok = data, evaluation, q_tok, p_tok
-        self.encoding_batch_size = evaluation.config.per_device_eval_batch_size  # embedding without gradients
+        self.encoding_batch_size = evaluation.batch_size  # embedding without gradients
         self.reader = reader
         self.targets = None if reader is None else ReaderTargets(
             accelerator, reader, [q["question"] for q in data.questions], data.passage_texts, self.encoding_batch_size)

@@ -5,12 +5,14 @@ shard of the corpus, or, with --index (index_corpus.py), searches its share of t
 holding all vectors."""
 
 import os
+from dataclasses import replace
 
 import torch
 
+from utils.errors import UserError
 from utils.files.jsonfiles import json_line, write_json
 from utils.retriever.bi_encoder import bi_encoder_of
-from utils.retriever.config import EncoderConfig, RetrieverEvaluationConfig
+from utils.retriever.config import EncoderConfig, LossConfig, RetrieverEvaluationConfig
 from utils.retriever.evaluation import EvaluationData, RetrievalEvaluation
 from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings, encoder_fingerprint
 from utils.runtime.output_dir import publish_dir
@@ -18,10 +20,34 @@ from utils.runtime.process import bare_model, finish
 from utils.search.index import Index
 
 
+def as_trained(model_dir: str | None, train_file: str | None, validation_file: str | None, output_dir: str,
+               encoders: EncoderConfig, loss: LossConfig) -> tuple[EncoderConfig, LossConfig, str | None]:
+    """--do_train false: the encoders and every ranking setting as the trained retriever of `model_dir` records
+    them (the flags' own are not read), and the precision it ran at; its checks first."""
+    if train_file:
+        raise UserError("--do_train false only evaluates: drop --train_file")
+    if not model_dir or not validation_file:
+        raise UserError("--do_train false needs --model_name_or_path (a retriever trained by train_dpr.py) and "
+                        "--validation_file")
+    if os.path.abspath(output_dir) == os.path.abspath(model_dir):
+        raise UserError("--output_dir is the retriever's directory: give another one, its eval_results.json and "
+                        "rankings.jsonl would be overwritten")
+    recorded = RetrieverSettings.load(model_dir)
+    encoders = replace(encoders, **{name: getattr(recorded, name) for name in (
+        "pooling", "similarity", "shared_encoder", "embed_title", "window_sentences", "max_query_length",
+        "max_passage_length")}, query_model_name_or_path=os.path.join(model_dir, QUERY_ENCODER),
+        # one encoder serves both sides when shared (the run saved it under both names)
+        passage_model_name_or_path=os.path.join(model_dir, QUERY_ENCODER if recorded.shared_encoder
+                                                else PASSAGE_ENCODER))
+    return encoders, replace(loss, temperature=recorded.temperature), recorded.precision
+
+
 def evaluate_retriever(accelerator, model_dir: str, output_dir: str, encoders: EncoderConfig,
-                       config: RetrieverEvaluationConfig, q_tok, p_tok, data: EvaluationData) -> None:
+                       config: RetrieverEvaluationConfig, q_tok, p_tok, data: EvaluationData, batch_size: int,
+                       train_batch_size: int) -> None:
     """Rank `data` with the retriever of `model_dir` (`encoders`: its encoders, as it records them), print the
-    metrics and write eval_results.json and rankings.jsonl to `output_dir`."""
+    metrics and write eval_results.json and rankings.jsonl to `output_dir`. The batch sizes: as
+    RetrievalEvaluation takes them."""
     settings = RetrieverSettings.load(model_dir)
     model = accelerator.prepare(bi_encoder_of(encoders))
     model.eval()
@@ -32,7 +58,7 @@ def evaluate_retriever(accelerator, model_dir: str, output_dir: str, encoders: E
         index.check_encoder(os.path.abspath(model_dir), settings, encoder_fingerprint(encoder),
                             bare_model(accelerator, model).query_encoder.config.hidden_size, config.index)
         index_shards, indexed, index_precision = index.shards, index.count, index.built_by["precision"]
-    evaluation = RetrievalEvaluation(accelerator, encoders, config, q_tok, p_tok, data,
+    evaluation = RetrievalEvaluation(accelerator, encoders, config, q_tok, p_tok, data, batch_size, train_batch_size,
                                      recorded_weight=settings.hybrid_dense_weight, index_shards=index_shards,
                                      indexed=indexed)
     with torch.no_grad():

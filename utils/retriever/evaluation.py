@@ -47,8 +47,9 @@ class EvaluationData:
     """Each question's training-style passages, its positive then its negatives: the batches of the in-batch rank."""
 
 
-def load_evaluation_data(config: RetrieverEvaluationConfig, negatives: NegativesConfig) -> EvaluationData:
-    """The dev questions, the corpus they are ranked against, and the passages of their training-style batches."""
+def load_evaluation_data(config: RetrieverEvaluationConfig, negatives: NegativesConfig, seed: int) -> EvaluationData:
+    """The dev questions, the corpus they are ranked against, and the passages of their training-style batches
+    (their negatives drawn as the training questions' are, with `seed`)."""
     questions = load_dpr(config.validation_file)[:config.max_eval_samples]
     if config.index:  # the passages of a built index (checked when it was built), in its order
         passages = list(Index.load(config.index).passages)
@@ -59,7 +60,7 @@ def load_evaluation_data(config: RetrieverEvaluationConfig, negatives: Negatives
         logger.warning("%d gold passages of the dev file are not in %s; added them to the ranked corpus", added,
                        config.index or config.passages)
     return EvaluationData(questions, corpus,
-                          training_passages(questions, negatives.num_hard_negatives, negatives.seed))
+                          training_passages(questions, negatives.num_hard_negatives, seed))
 
 
 class RetrievalEvaluation:
@@ -68,13 +69,17 @@ class RetrievalEvaluation:
     for the in-batch rank."""
 
     def __init__(self, accelerator, encoders: EncoderConfig, config: RetrieverEvaluationConfig, q_tok, p_tok,
-                 data: EvaluationData, recorded_weight=None, index_shards=None, indexed: int = 0):
-        """`recorded_weight`: also rank the hybrid at this dense weight (a trained retriever's: `hybrid_recorded_*`).
+                 data: EvaluationData, batch_size: int, train_batch_size: int, recorded_weight=None,
+                 index_shards=None, indexed: int = 0):
+        """`batch_size`: texts per forward pass per process when embedding without gradients (evaluation, the
+        negatives refresh); `train_batch_size`: questions per process of a training batch (the in-batch rank ranks
+        each positive among the passages of its training-style global batch).
+        `recorded_weight`: also rank the hybrid at this dense weight (a trained retriever's: `hybrid_recorded_*`).
         `index_shards`: this process's shards of an index of the corpus's first `indexed` passages (utils.search.
         index), searched instead of embedding them; the rest of the corpus (gold passages the index lacks) is
         embedded by the last process."""
         self.accelerator, self.encoders, self.config, self.data = accelerator, encoders, config, data
-        self.recorded_weight = recorded_weight
+        self.recorded_weight, self.batch_size, self.train_batch_size = recorded_weight, batch_size, train_batch_size
         dev, corpus = data.questions, data.corpus
         self.p_pad = p_tok.pad_token_id
         position = {passage_key(c): i for i, c in enumerate(corpus)}
@@ -102,7 +107,7 @@ class RetrievalEvaluation:
         self.in_batch_ids.update({passage_key(c): (None, i) for i, c in enumerate(extra)})
         self.question_loader = encoding_loader(accelerator, tokenize_questions(q_tok, [q["question"] for q in dev],
                                                                                   encoders.max_query_length),
-                                               "query", q_tok.pad_token_id, config.per_device_eval_batch_size)
+                                               "query", q_tok.pad_token_id, batch_size)
         self.bm25 = BM25(corpus)
         self.bm25_share = shard(len(dev), accelerator.process_index, accelerator.num_processes)  # of the questions
 
@@ -110,7 +115,7 @@ class RetrievalEvaluation:
         acc, device = self.accelerator, self.accelerator.device
         dev, corpus = self.data.questions, self.data.corpus
         q_emb = encode(acc, model, self.question_loader, "query", len(dev)).to(device)
-        bare, bs = bare_model(acc, model), self.config.per_device_eval_batch_size
+        bare, bs = bare_model(acc, model), self.batch_size
         vectors = self.index_shards + ([Vectors(encode_texts(bare, self.shard_tokens, "passage", self.p_pad,
                                                              bs, device),
                                                 self.shard_owner, len(self.shard), self.shard.start)]
@@ -165,9 +170,9 @@ class RetrievalEvaluation:
         extra = None
         if self.extra_tokens is not None:
             extra = Vectors(encode_texts(bare, self.extra_tokens, "passage", self.p_pad,
-                                         self.config.per_device_eval_batch_size, device),
+                                         self.batch_size, device),
                             self.extra_owner if self.encoders.window_sentences else None)
-        bs, ranks = self.config.per_device_train_batch_size * self.accelerator.num_processes, []
+        bs, ranks = self.train_batch_size * self.accelerator.num_processes, []
         dev, question_passages = self.data.questions, self.data.question_passages
         for s in range(0, len(dev), bs):
             ctxs = [c for group in question_passages[s:s + bs] for c in group]

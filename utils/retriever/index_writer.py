@@ -255,3 +255,21 @@ def index_for_run(accelerator, retriever: Retriever, passages: str, output_dir: 
     build_index(accelerator, retriever, passages, output_dir, chunk_passages=None, bm25=bm25, overwrite=overwrite,
                 reuse=True)
     return Index.load(output_dir, share=(accelerator.process_index, accelerator.num_processes))
+
+
+def ranking_for_run(accelerator, retriever_dir: str, passages: str | None, index_dir: str | None, into: str,
+                    overwrite: bool = False):
+    """A trained retriever's ranking of a corpus for one training run (train_reader.py --retriever), as the QA
+    system ranks with it (hybrid where it recorded a dense weight): (the corpus as its index holds it,
+    `rank(questions, depth)` -> (scores, ids)). The index is `index_dir`, or `passages` indexed by every process,
+    each its shard, into `into` (index_for_run: a killed run's is resumed; with `overwrite` an earlier run's is
+    built anew); every process searches its share of the shards for every question (a collective): no process
+    embeds or searches the whole corpus alone."""
+    retriever = Retriever(retriever_dir, device=str(accelerator.device))
+    hybrid = retriever.settings.hybrid_by_default
+    if index_dir is None:
+        index = index_for_run(accelerator, retriever, passages, into, hybrid, overwrite)
+    else:
+        index = Index.load(index_dir, share=(accelerator.process_index, accelerator.num_processes))
+        retriever.check_index(index, f"--index {index_dir}")
+    return index.passages, lambda questions, depth: retriever.rank(index, questions, depth, hybrid)

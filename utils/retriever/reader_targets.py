@@ -66,7 +66,7 @@ def top_passages(ranked: np.ndarray, unit_keys: np.ndarray, count: int) -> tuple
 
 
 def fixed_on_resume(config: ReaderDistillationConfig | None) -> dict:
-    """What teaches a run, which a resumed run must share with it (utils.loop.config.LoopConfig.fixed): the reader
+    """What teaches a run, which a resumed run must share with it (run's `fixed`, utils.loop.run): the reader
     by its weights, the passages it reads per question, the weight and temperature; none without a reader."""
     if config is None:
         return {"reader": None}

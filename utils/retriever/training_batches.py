@@ -84,7 +84,7 @@ class TrainingData:
 
 
 def load_training_data(train_file: str, max_train_samples: int | None, encoders: EncoderConfig,
-                       negatives: NegativesConfig, q_tok, p_tok, reader_passages: int = 0) -> TrainingData:
+                       negatives: NegativesConfig, seed: int, q_tok, p_tok, reader_passages: int = 0) -> TrainingData:
     """The training questions of a DPR file (its first `max_train_samples`) with their first negatives
     (utils.files.dpr.training_passages), tokenised. With window_sentences, each positive is cut to its window that
     holds the answer and the negatives to windows (utils.retriever.sentence_windows). `reader_passages`: room for
@@ -98,7 +98,7 @@ def load_training_data(train_file: str, max_train_samples: int | None, encoders:
         questions, whole = training_windows(questions, encoders.window_sentences)
         logger.info("train: positives are the answer-bearing %d-sentence windows (%d questions keep the whole passage: "
                     "no window holds an answer)", encoders.window_sentences, whole)
-    question_passages = training_passages(questions, negatives.num_hard_negatives, negatives.seed)
+    question_passages = training_passages(questions, negatives.num_hard_negatives, seed)
     return TrainingData(questions, question_passages, q_tok, p_tok, encoders,
                         refresh=bool(negatives.refresh_negatives_every), reader_passages=reader_passages,
                         passage_texts=passage_texts)

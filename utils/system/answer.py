@@ -1,14 +1,18 @@
 """The rule for answering a question from several retrieved passages, one per way a reader was trained, and the
 probability of no answer: `combine` (a question's view from its passages' readings), `answer` (its text, or ""),
-`calibrated` and `at_share` (a calibration, and a move to another expected share of unanswerable questions).
-docs/QA_SYSTEM.md explains the rule; its thresholds and weights are tuned in utils.system.measure.
+`calibrated` and `at_share` (a calibration, and a move to another expected share of unanswerable questions), and
+`AnswerSettings`, the rule's settings as the front ends' flags give them. docs/QA_SYSTEM.md explains the rule; its
+thresholds and weights are tuned in utils.system.measure.
 """
 
 import math
+from dataclasses import dataclass, field
+from typing import Optional
 
 from utils.errors import UserError
 from utils.numeric import logsumexp
 from utils.reader.decoding import abstains
+from utils.runtime.flags import arg
 
 # what a passage's reading carries for the shared rule beside its best span: the log-sum-exps of its windows' logits
 READING_STATS = ("null_start", "null_end", "lse_start", "lse_end")
@@ -82,6 +86,42 @@ def calibration_logit(null_minus_best: float, calibration: tuple) -> float:
 
 def log_odds(p: float) -> float:
     return math.log(p / (1 - p))
+
+
+@dataclass(frozen=True)
+class AnswerSettings:
+    """The answer rule's settings a front end is given (qa_system.py, serve.py); None: tuned on labelled validation
+    questions where the front end tunes (utils.system.measure), else the reader's recorded threshold, no fusion and
+    no calibration."""
+    no_answer_threshold: Optional[float] = arg(None, "The system's no-answer threshold, tuned before. Default: the "
+                                                     "reader's recorded threshold.")
+    retriever_weight: Optional[float] = arg(
+        None, "How much the retriever's score of a passage weighs on the answers read in it (0: the reader's scores "
+              "alone; utils/system/answer.py). Its scale is the retriever's, so tune it with the threshold: "
+              "qa_system.py --validation_file does (and reports both per k). Default: tuned there, else 0.")
+    # (a, b[, share]) of sigmoid(a x + b), fit_calibration's; a tuple once built
+    no_answer_calibration: Optional[list[float]] = field(default=None, metadata={
+        "help": "A B [SHARE]: the calibration of the probability of no answer, sigmoid(A x + B) of the log ratio x "
+                "the threshold compares, and the share of unanswerable questions it was fitted on, as qa_system.py "
+                "--validation_file fits them (its row for your k). Without it, no_answer_probability is the shared "
+                "rule's uncalibrated one (none for a reader trained a paragraph at a time).", "nargs": "+"})
+    unanswerable_share: Optional[float] = arg(
+        None, "The share of questions you expect to have no answer, when it is not that of the questions the "
+              "threshold was tuned on: the threshold and the probability of no answer move to it by its odds "
+              "(utils/system/answer.py). Needs the calibration's SHARE. Default: the tuning questions' share.")
+
+    def __post_init__(self):
+        if self.no_answer_calibration is not None:
+            object.__setattr__(self, "no_answer_calibration", tuple(self.no_answer_calibration))
+
+    def check(self, fits_calibration: bool = False) -> None:
+        """The settings' own checks (check_settings). `fits_calibration`: the front end fits the calibration itself
+        (qa_system.py --validation_file), so a share needs none given: its range alone is checked."""
+        fitted_later = fits_calibration and self.no_answer_calibration is None
+        check_settings(self.retriever_weight or 0.0, self.no_answer_calibration,
+                       None if fitted_later else self.unanswerable_share)
+        if fitted_later and self.unanswerable_share is not None and not 0 < self.unanswerable_share < 1:
+            check_share(self.unanswerable_share, None)  # its range, in the same words
 
 
 def check_settings(retriever_weight: float, calibration: tuple | None, share: float | None) -> None:

@@ -1,7 +1,8 @@
 """Measuring the QA system as a whole, as Haystack 1.x's Pipeline.eval and facebookresearch/DPR did: end-to-end
 EM/F1 (total, HasAns, NoAns) at each number k of passages read, the retriever's recall@k of an answer-bearing
 passage, the same reader's F1 on the gold paragraphs (the ceiling), and the system threshold tuned on labelled
-questions: the tuning policy (`Tuning`, `system_setting`, `crossfitted`) and the rows it is reported in."""
+questions: the tuning policy (`system_setting`, `crossfitted`, from the `AnswerSettings` given) and the rows it is
+reported in."""
 
 import math
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from utils.errors import UserError
 from utils.files.answers import answer_patterns, holds_answer, normalized
 from utils.files.folds import cross_fit_folds
 from utils.reader.metrics import best_null_threshold, squad_metrics
-from utils.system.answer import CLIP, answer, at_share, combine
+from utils.system.answer import CLIP, AnswerSettings, answer, at_share, combine
 
 
 def labelled(questions: list[dict]) -> bool:
@@ -136,18 +137,12 @@ def reading_share(times: list[dict], kk: int) -> float:
     return round(1 - slowest["retrieval"] / max(total, 1e-9), 3)
 
 
+def timing(times: list[dict], kk: int, n: int) -> dict:
+    """A row's speed at kk passages read: questions per second and the reading's share of the time."""
+    return {"questions_per_second": questions_per_second(times, kk, n), "reading_share": reading_share(times, kk)}
+
+
 # --- the tuning policy: what each k answers with ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Tuning:
-    """The answer rule's settings a front end is given; None: tuned on labelled validation questions where there
-    are some, else the reader's recorded threshold, no fusion and no calibration."""
-
-    threshold: float | None = None  # the no-answer threshold, tuned before
-    retriever_weight: float | None = None  # the retriever's score as a prior (fixed; None: tuned over weight_grid)
-    calibration: tuple | None = None  # (a, b[, share]) of the no-answer probability (fit_calibration's)
-    unanswerable_share: float | None = None  # the share of unanswerable questions expected: the settings move to it
 
 
 @dataclass(frozen=True)
@@ -163,7 +158,7 @@ class Setting:
     not_moved: str | None = None
 
 
-def moved(tuning: Tuning, weight: float, threshold: float | None, calibration: tuple | None) -> Setting:
+def moved(tuning: AnswerSettings, weight: float, threshold: float | None, calibration: tuple | None) -> Setting:
     """The setting applied at the tuning's share: a calibration that cannot move it (a slope not above 0: the log
     ratio does not order the questions' no-answers) moves nothing, and the setting says why."""
     if tuning.unanswerable_share is None:
@@ -174,32 +169,32 @@ def moved(tuning: Tuning, weight: float, threshold: float | None, calibration: t
         return Setting(weight, threshold, calibration, threshold, calibration, str(err))
 
 
-def tuned_setting(tuning: Tuning, questions: list[dict], view, folds: list[list[dict]] | None,
+def tuned_setting(tuning: AnswerSettings, questions: list[dict], view, folds: list[list[dict]] | None,
                   fuse: bool = True) -> Setting:
     """The policy on these labelled questions (`view(weight)`: their combined views): the weight and threshold with
     the best F1 (`tune`: the weight cross-fitted over `folds`), the calibration fitted unless given (not needed for
     an unfused reading nothing moves), moved to the share. `fuse` False: no retriever score (gold paragraphs)."""
     weight, threshold = tune(questions, view, weight_grid(tuning.retriever_weight) if fuse else [0.0], folds)
-    calibration = tuning.calibration
+    calibration = tuning.no_answer_calibration
     if calibration is None and (fuse or tuning.unanswerable_share is not None):
         calibration = fit_calibration(questions, view(weight))
     return moved(tuning, weight, threshold, calibration)
 
 
-def system_setting(tuning: Tuning, recorded_threshold: float | None, validation: list[dict] | None,
+def system_setting(tuning: AnswerSettings, recorded_threshold: float | None, validation: list[dict] | None,
                    readings: list[list[dict]] | None, k: int, shared_norm: bool, folds: list[list[dict]] | None,
                    fuse: bool = True) -> Setting:
     """What the system answers with when reading k passages: the threshold given, else tuned on the validation
     questions (`readings`: theirs; None: none to tune on) in folds of whole articles, else the reader's recorded one.
     `shared_norm`: the shared-normalization rule (utils.system.answer)."""
-    if tuning.threshold is not None or readings is None:
+    if tuning.no_answer_threshold is not None or readings is None:
         weight = (tuning.retriever_weight or 0.0) if fuse else 0.0
-        threshold = recorded_threshold if tuning.threshold is None else tuning.threshold
-        return moved(tuning, weight, threshold, tuning.calibration)
+        threshold = recorded_threshold if tuning.no_answer_threshold is None else tuning.no_answer_threshold
+        return moved(tuning, weight, threshold, tuning.no_answer_calibration)
     return tuned_setting(tuning, validation, lambda w: combined_at(readings, k, shared_norm, w), folds, fuse)
 
 
-def crossfitted(tuning: Tuning, questions: list[dict], readings: list[list[dict]], k: int, shared_norm: bool,
+def crossfitted(tuning: AnswerSettings, questions: list[dict], readings: list[list[dict]], k: int, shared_norm: bool,
                 folds: list[list[dict]]) -> dict:
     """EM/F1 of these labelled questions, each fold of whole articles answered at the setting the policy gives on
     the other folds (moved to the share as the row's is): a setting's score on articles it was not tuned on."""
@@ -214,10 +209,10 @@ def crossfitted(tuning: Tuning, questions: list[dict], readings: list[list[dict]
     return crossfit(folds, settle, combined)[0]
 
 
-def tuning_source(tuning: Tuning, validation_file: str | None, same_file: bool, folds, tuned: bool) -> str:
+def tuning_source(tuning: AnswerSettings, validation_file: str | None, same_file: bool, folds, tuned: bool) -> str:
     """Where the rows' thresholds and weights come from, as eval_results.json and qa_system.py's last line say
     (`tuned`: tuned on validation readings; `same_file`: the validation questions are the questions scored)."""
-    source = ("given" if tuning.threshold is not None else
+    source = ("given" if tuning.no_answer_threshold is not None else
               "tuned on this very file: an upper bound (crossfit: each half of its articles answered as tuned on "
               "the other)" if same_file and folds else
               "tuned on this very file: an upper bound (one article: no folds to cross-fit over)" if same_file else
@@ -237,7 +232,7 @@ def core_scores(metrics: dict) -> dict:
     return {k: metrics[k] for k in ("exact", "f1", "HasAns_f1", "NoAns_f1") if k in metrics}
 
 
-def system_row(tuning: Tuning, setting: Setting, k: int, timing: dict, questions: list[dict],
+def system_row(tuning: AnswerSettings, setting: Setting, k: int, timing: dict, questions: list[dict],
                retrieved: list[list[dict]], readings: list[list[dict]], shared_norm: bool,
                folds: list[list[dict]] | None = None) -> dict:
     """k's row: its setting, its `timing` (questions_per_second, reading_share), and with labelled questions the
@@ -262,7 +257,7 @@ def system_row(tuning: Tuning, setting: Setting, k: int, timing: dict, questions
     return row
 
 
-def gold_row(tuning: Tuning, setting: Setting, questions: list[dict], gold: list[list[dict]],
+def gold_row(tuning: AnswerSettings, setting: Setting, questions: list[dict], gold: list[list[dict]],
              shared_norm: bool) -> dict:
     """The ceiling: each labelled question's own paragraph read alone (`gold`), scored at the unfused `setting`."""
     combined = combined_at(gold, 1, shared_norm)

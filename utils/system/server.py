@@ -13,14 +13,16 @@ import os
 import threading
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
-from utils.errors import UserError
+from utils.errors import UserError, check_at_least_one
 from utils.files.questions import QuestionError, question_list
+from utils.runtime.flags import arg
 from utils.system.answer import check_share
 from utils.system.batcher import Batcher
 
@@ -37,12 +39,20 @@ class AskRequest(BaseModel):
                           "--unanswerable_share, else as tuned).")
 
 
-class Limits(BaseModel):
-    k: int = 5  # default passages read
-    max_k: int = 20
-    max_questions: int = 16  # per request
-    max_question_chars: int = 1000
-    max_body_bytes: int = 1 << 20  # per request
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask (serve.py's flags of the same names)."""
+    k: int = arg(5, "Passages read per question when a request does not say.")
+    max_k: int = arg(20, "The largest k a request may ask for.")
+    max_questions: int = arg(16, "Questions one request may carry.")
+    max_question_chars: int = arg(1000, "The longest question, in characters.")
+    max_body_bytes: int = arg(1 << 20, "The largest request body, in bytes: a larger one is refused (413) before it "
+                                       "is read whole or parsed.")
+
+    def __post_init__(self):
+        check_at_least_one(self, "k", "max_k", "max_questions", "max_question_chars", "max_body_bytes")
+        if self.k > self.max_k or self.max_k > 100:
+            raise UserError(f"--k ({self.k}) must be at most --max_k ({self.max_k}), and --max_k at most 100")
 
 
 class BadRequest(Exception):
