@@ -1,36 +1,10 @@
-"""A reader taught by a teacher (Hinton et al. 2015; Haystack 1.x's FARMReader.distil_prediction_layer_from):
-train_reader.py --teacher DIR.
+"""Distilling a reader from a teacher (train_reader.py --teacher DIR; Hinton et al. 2015).
 
-Every training batch's windows are also read by the teacher, a trained reader of the same tokenizer and windows,
-and the student's loss becomes (1 - w) x the labels' loss + w x T^2 x KL(teacher || student) on the start and on the
-end distributions at temperature T (the mean of the two, as the labels' loss is): the student learns where the
-teacher puts its probability, second choices and no-answer included, not only the one labelled position. T^2
-keeps the gradient of the soft part on the scale of the labels' as T changes (Hinton et al.).
-
-The distributions are those the student is trained with: under shared normalization (--passages_per_question) one
-softmax over every context token and [CLS] of every window a question reads (utils.reader.shared_norm), so the
-teacher's share of the no-answer and of each passage is what the student learns; a window-level reader's are each
-window's own, over the same positions, its context tokens and [CLS]. Never over the question's tokens and [SEP]s:
-no answer starts there, a shared-normalization teacher's loss masked them out (its logits there were never
-trained), and a window-level teacher's mass there is what its labels pushed down to nothing. The teacher's logits
-are computed on the fly, in the run's autocast and without gradients: under --passages_per_question a question's
-passages are drawn anew each epoch, so a cache would hold what is never read again, and a teacher in eval mode gives
-the same logits to the same windows, which is all exact resume and 2 processes = 1 need. The teacher sits on the
-student's device, outside the optimizer, DDP and the checkpoints (it never changes), and reader_settings.json
-records which teacher it was (its path and a hash of its weights) with w and T.
-
-A teacher that cuts text differently would teach positions that are other tokens: its tokenizer (vocabulary and how
-a probe text is split) and its recorded windows (max_seq_length, doc_stride, max_query_length) must be the
-student's, checked before anything is created.
-
-The intermediate stage (TinyBERT, Jiao et al. 2020; Haystack's distil_intermediate_layers_from): with
---distil_layers "S:T,..." the run trains the student's layers, not its answers: each student layer S (0: the
-embeddings) learns the teacher's layer T, the mean squared error between their hidden states over the window's
-tokens (the student's through a learned projection, `distil_projection`, where the widths differ; dropped from the
-saved model), plus, where both have as many attention heads, the KL between their attention distributions
-(each head's, each token's: MiniLM's form, since transformers returns attention probabilities, not TinyBERT's
-unnormalised scores; both read with eager attention for it). Per window, then per question, as the other losses.
-A second run, `--model_name_or_path <that run> --teacher DIR`, then distils the prediction layer.
+The student's loss is (1 - w) x the labels' loss + w x T^2 x KL(teacher || student) on the start and end
+distributions at temperature T, per window or, under shared normalization, per question. With --distil_layers
+"S:T,..." the run instead trains the student's layers (TinyBERT, Jiao et al. 2020): student layer S (0: the
+embeddings) learns teacher layer T by hidden-state MSE, plus attention KL where the head counts match. A second run,
+`--model_name_or_path <that run> --teacher DIR`, then distils the prediction layer.
 """
 
 import functools
@@ -54,13 +28,11 @@ PROBE = "Ångström's 1843 loom, at 50°C (İstanbul): non-déjà-vu élan — �
 
 def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_stride: int, max_query_length: int,
                   layer_pairs: tuple = (), student_layers: int | None = None, shared_norm: bool = False):
-    """A teacher the student can learn from: a trained reader whose tokenizer and recorded windows are the
-    student's (`student_model`'s tokenizer, the windows the run cuts; a QA model without reader_settings.json reads
-    the student's windows, as a reader trained a window at a time), trained with shared normalization if the
-    student is (`shared_norm`: a window-level teacher's logits mean nothing across windows; the prediction layer's
-    concern, not the intermediate stage's) and, for the intermediate
-    stage, that has the layers `layer_pairs` name (the student's: `student_layers`, None: all of `student_model`'s).
-    A one-line UserError otherwise."""
+    """Raise a one-line UserError unless `teacher` is a trained reader the student can learn from: its tokenizer and
+    recorded windows are the student's, it was trained with shared normalization if the student is (`shared_norm`;
+    prediction layer only), and it has the layers `layer_pairs` name (`student_layers`: the student's count, None:
+    `student_model`'s). A QA model without reader_settings.json counts as reading the student's windows, a window at
+    a time."""
     check_reader_dir(teacher)
     if layer_pairs:
         have = (student_layers or AutoConfig.from_pretrained(student_model).num_hidden_layers,
@@ -69,11 +41,13 @@ def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_str
             if layer > count:
                 raise UserError(f"--distil_layers: the {('student', 'teacher')[side]} has layers 0 to {count} "
                                 f"(0: the embeddings), not {layer}")
+    # A teacher that cuts text differently would teach positions that are other tokens.
     theirs, ours = load_tokenizer(teacher, max_seq_length), load_tokenizer(student_model, max_seq_length)
     if theirs.get_vocab() != ours.get_vocab() or theirs(PROBE)["input_ids"] != ours(PROBE)["input_ids"]:
         raise UserError(f"--teacher {teacher}: its tokenizer is not the student's ({student_model}): the positions it "
                         "teaches would be other tokens; give a teacher trained from the same tokenizer")
     recorded = ReaderSettings.load(teacher)
+    # A window-level teacher's logits mean nothing across windows; only the prediction layer learns from them.
     if shared_norm and not (recorded and recorded.shared_norm) and not layer_pairs:
         why = ("it has no reader_settings.json, so it is read as a reader trained a window at a time"
                if recorded is None else "it was trained a window at a time")
@@ -91,12 +65,12 @@ def check_teacher(teacher: str, student_model: str, max_seq_length: int, doc_str
 
 
 def weights_hash(directory: str) -> str | None:
-    """sha256 of a model directory's model.safetensors (None without one): which teacher it was. Hashed once per
-    version of the file (the resume check and the run both ask)."""
+    """sha256 of a model directory's model.safetensors (None without one): which teacher it was."""
     path = os.path.join(directory, "model.safetensors")
     if not os.path.isfile(path):
         return None
     stat = os.stat(path)
+    # Cached by size and mtime: hashed once per version of the file (the resume check and the run both ask).
     return _file_sha256(os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
 
 
@@ -111,9 +85,10 @@ def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
 
 def distillation_kl(student: torch.Tensor, teacher: torch.Tensor, allowed: torch.Tensor, temperature: float,
                     group: torch.Tensor | None = None) -> torch.Tensor:
-    """KL(softmax(teacher / T) || softmax(student / T)) over the `allowed` positions (windows x positions), one
-    distribution per question over all its windows (`group`: each window's question, 0..B-1), or (None) per window;
-    the mean over the distributions."""
+    """Mean KL(softmax(teacher / T) || softmax(student / T)) over the `allowed` positions (windows x positions): one
+    distribution per question over all its windows (`group`: each window's question, 0..B-1), or per window (None)."""
+    # `allowed` is never the question's tokens or [SEP]s: no answer starts there, and a teacher's logits there were
+    # never trained (masked out under shared normalization) or were pushed to nothing by its labels.
     s = (student.float() / temperature).masked_fill(~allowed, NEG)  # masked after scaling: out at any T
     t = (teacher.float() / temperature).masked_fill(~allowed, NEG)
     if group is None:
@@ -129,8 +104,8 @@ def distillation_kl(student: torch.Tensor, teacher: torch.Tensor, allowed: torch
 
 
 def fixed_on_resume(config: DistillationConfig | None) -> dict:
-    """What teaches a run, which a resumed run must share with it (run's `fixed`, utils.loop.run): the teacher
-    by its weights, its weight, temperature and layer pairs; none without a teacher."""
+    """What a resumed run must share with this one (utils.loop.run's `fixed`): the teacher by its weights, its
+    weight, temperature and layer pairs; a None teacher without one."""
     if config is None:
         return {"teacher": None}
     return {"teacher": {"model": config.teacher, "weights_sha256": weights_hash(config.teacher)},
@@ -146,14 +121,15 @@ class Teacher:
 
     def __init__(self, accelerator, config: DistillationConfig):
         self.accelerator, self.config, self.layer_pairs = accelerator, config, config.layer_pairs
+        # Outside the optimizer, DDP and the checkpoints: the teacher never changes.
         self.model = load_qa_model(config.teacher).to(accelerator.device).eval().requires_grad_(False)
         self.attention = False  # the intermediate stage matches attention too (`attach`)
         self.weights_sha256 = weights_hash(config.teacher)  # once: recorded with every save
 
     def attach(self, student) -> None:
-        """For the intermediate stage, before the optimizer is built: a projection of the student's hidden states to
-        the teacher's width where they differ (trained with the student), and eager attention on both where their
-        head counts match (its probabilities are compared)."""
+        """For the intermediate stage, call before the optimizer is built: adds a projection of the student's hidden
+        states to the teacher's width where they differ (trained with the student), and sets eager attention on both
+        where their head counts match."""
         if not self.layer_pairs:
             return
         ours, theirs = student.config, self.model.config
@@ -164,6 +140,7 @@ class Teacher:
             setattr(student, PROJECTION, projection.to(self.accelerator.device))
         self.attention = ours.num_attention_heads == theirs.num_attention_heads
         if self.attention:
+            # The attention KL compares probabilities, which eager attention returns.
             student.set_attn_implementation("eager")
             self.model.set_attn_implementation("eager")
 
@@ -174,9 +151,8 @@ class Teacher:
                 "temperature": c.distillation_temperature, "distil_layers": c.distil_layers}
 
     def intermediate_loss(self, model, inputs: dict, group: torch.Tensor | None = None) -> torch.Tensor:
-        """The intermediate stage's loss (the module docstring): per window the layer pairs' hidden-state MSE and
-        attention KL, each a mean over the window's tokens; the mean per question (`group`), then over questions.
-        The answer heads' logits join at weight 0, so that every parameter has a gradient (DDP reduces them all)."""
+        """The intermediate stage's loss: per window the layer pairs' hidden-state MSE and attention KL, each a mean
+        over the window's tokens; the mean per question (`group`), then over questions."""
         out = model(**inputs, output_hidden_states=True, output_attentions=self.attention)
         with torch.no_grad(), self.accelerator.autocast():
             theirs = self.model(**inputs, output_hidden_states=True, output_attentions=self.attention)
@@ -189,22 +165,28 @@ class Teacher:
                 hidden = projection(hidden)
             per_token = per_token + ((hidden - theirs.hidden_states[t].float()) ** 2).mean(-1)
             if self.attention and s > 0 and t > 0:
+                # MiniLM's form (KL of each head's, each token's distribution): transformers returns attention
+                # probabilities, not TinyBERT's unnormalised scores.
                 ps, pt = out.attentions[s - 1].float(), theirs.attentions[t - 1].float()  # windows x heads x q x k
                 kl = (pt * (pt.clamp_min(1e-12).log() - ps.clamp_min(1e-12).log())).sum(-1)  # padded keys: 0
                 per_token = per_token + kl.mean(1)
         per_window = (per_token * tokens).sum(1) / tokens.sum(1)
+        # The answer heads join at weight 0 so that every parameter has a gradient (DDP reduces them all).
         tied = (out.start_logits.float().sum() + out.end_logits.float().sum()) * 0.0
         return question_mean(per_window, group) + tied
 
     def mixed(self, labels_loss: torch.Tensor, start: torch.Tensor, end: torch.Tensor, inputs: dict,
               allowed: torch.Tensor, group: torch.Tensor | None = None) -> torch.Tensor:
-        """(1 - w) x `labels_loss` + w x T^2 x the mean of the start and end KLs against the teacher's logits of
-        the same `inputs` (the model's inputs), over `allowed` (per question with `group`)."""
+        """(1 - w) x `labels_loss` + w x T^2 x the mean of the start and end KLs against the teacher's logits on the
+        same model `inputs`, over `allowed` (per question with `group`)."""
+        # On the fly, not cached: under --passages_per_question a question's passages are drawn anew each epoch, and a
+        # teacher in eval mode gives the same windows the same logits, all exact resume and 2 processes = 1 need.
         with torch.no_grad(), self.accelerator.autocast():
             out = self.model(**inputs)
         w, temperature = self.config.distillation_weight, self.config.distillation_temperature
         kl = (distillation_kl(start, out.start_logits, allowed, temperature, group)
               + distillation_kl(end, out.end_logits, allowed, temperature, group)) / 2
+        # T^2 keeps the soft part's gradient on the scale of the labels' as T changes (Hinton et al.).
         return (1 - w) * labels_loss + w * temperature ** 2 * kl
 
 

@@ -1,26 +1,7 @@
-"""What a trained reader teaches the retriever (train_dpr.py --reader): the passages it can answer from.
-
-The retriever learns from its reader as FiD-KD does (Izacard & Grave 2021, "Distilling Knowledge from Reader to
-Retriever"; RDR, Yang & Seo): at every negatives refresh each training question's current top N passages (the
-retriever's own ranking, a passage by its best window under --window_sentences) are read by the reader, and the
-target is the reader's distribution over them; the retriever's loss adds KL(target || softmax(its scores /
-temperature)) over the same N passages (utils.retriever.dpr_task).
-
-The reader is one trained with shared normalization (utils.reader.shared_norm): its logits are one softmax over
-every passage read with a question, so what it reads in one passage compares with what it reads in another, and
-reading each passage on its own gives the log-sum-exps that combine (utils.reader.decoding, as the QA system reads).
-A passage's score is the log of the answer's probability of starting in it plus that of ending in it, the mass of
-the start and end softmaxes on its context tokens (the no-answer's [CLS] left out): `passage_log_probability`. The
-target is softmax(score / T) over the question's N passages: the passage's share of the question's answer
-probability. It credits every passage the reader finds the answer in, the gold paragraph or another, and a passage
-the question's words match but that does not answer it gets little, which is what the dense retriever alone gets
-wrong and BM25's help hides.
-
-Reading is the cost: each (question, passage) pair is read once and kept (`ReaderTargets.read`, checkpointed with
-the negatives), so a refresh reads only the pairs that entered a top N since. The pairs to read are split into
-chunks of a fixed size in a fixed order and the chunks dealt to the processes: a pair is read in the same batch
-whatever the number of processes, and every process gets every reading (so 2 processes train on the targets of 1,
-and a resumed run on the interrupted one's).
+"""What a trained reader teaches the retriever (train_dpr.py --reader; FiD-KD, Izacard & Grave 2021): at every
+negatives refresh a shared-normalization reader reads each training question's current top N passages, and the
+target is softmax(passage score / T) over them, which the retriever's loss matches by KL (utils.retriever.dpr_task).
+Each (question, passage) pair is read once and kept (checkpointed with the negatives).
 """
 
 import time
@@ -38,17 +19,17 @@ CHUNK = 64  # (question, passage) pairs read together: a constant, so a pair's b
 
 
 def passage_log_probability(reading: dict) -> float:
-    """log P(the answer starts in the passage) + log P(it ends in it), up to the question's normalisers: the share
-    of a shared-normalization reader's start and end softmaxes on the passage's context tokens (`reading`: its
-    decoding's "context_start" and "context_end", the log-sum-exps over those tokens; finite however much of the
-    mass the no-answer holds, so a passage the reader rules out gets a target near 0, not no target)."""
+    """log P(the answer starts in the passage) + log P(it ends in it), up to the question's normalisers (`reading`: a
+    shared-normalization reader's decoding of it)."""
+    # Context tokens only, [CLS] left out: finite however much mass the no-answer holds, so a passage the reader rules
+    # out gets a target near 0, not no target. Shared normalization makes the scores of separate passages compare.
     return reading["context_start"] + reading["context_end"]
 
 
 def top_passages(ranked: np.ndarray, unit_keys: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """(units, valid): per question (a row of `ranked`, unit indices best first) its first `count` distinct
-    passages, each as the first of its units ranked (its best window; `unit_keys`: each unit's passage key hash).
-    A row that runs out of passages repeats its first unit, not valid."""
+    """(units, valid): per question (a row of `ranked`, unit indices best first, -1: none) its first `count` distinct
+    passages, each as its best-ranked unit (`unit_keys`: each unit's passage key hash). A row that runs out of
+    passages is padded with its first unit, marked not valid."""
     units = np.empty((len(ranked), count), dtype=np.int64)
     valid = np.zeros((len(ranked), count), dtype=bool)
     for i, row in enumerate(ranked):
@@ -66,8 +47,8 @@ def top_passages(ranked: np.ndarray, unit_keys: np.ndarray, count: int) -> tuple
 
 
 def fixed_on_resume(config: ReaderDistillationConfig | None) -> dict:
-    """What teaches a run, which a resumed run must share with it (run's `fixed`, utils.loop.run): the reader
-    by its weights, the passages it reads per question, the weight and temperature; none without a reader."""
+    """What a resumed run must share with this one (utils.loop.run's `fixed`): the reader by its weights, the passages
+    it reads per question, the weight and temperature; a None reader without one."""
     if config is None:
         return {"reader": None}
     return {"reader": {"model": config.reader, "weights_sha256": weights_hash(config.reader)},
@@ -112,6 +93,8 @@ class ReaderTargets:
 
     def _read_pairs(self, pairs: list[tuple[int, int]]) -> None:
         acc = self.accelerator
+        # Fixed-size chunks in a fixed order, dealt to the processes, and every reading gathered to all: a pair is read
+        # in the same batch whatever the number of processes, so 2 processes (and a resumed run) get 1's targets.
         chunks = [pairs[s:s + CHUNK] for s in range(0, len(pairs), CHUNK)]
         mine = []
         for chunk in chunks[acc.process_index::acc.num_processes]:

@@ -1,10 +1,5 @@
-"""A trained retriever used as trained: the encoders of a train_dpr.py output directory and how they rank
-(retriever_settings.json: pooling, similarity, sentence windows, titles, lengths, the hybrid's dense weight, the
-precision it was evaluated at).
-
-It encodes; an index (utils.search.index) holds passage vectors and searches query vectors. So the retriever
-indexes a corpus (`index`), and searches an index (`search`): it checks that the index holds its own passage
-encoder's vectors, encodes the questions, and asks the index, fused with BM25 at its recorded weight for the hybrid.
+"""A train_dpr.py retriever used as trained (retriever_settings.json): it encodes, indexes a corpus, and searches an
+index (utils.search.index) of its own passage vectors, dense or fused with BM25.
 
     from utils.retriever import Index, Retriever
     retriever = Retriever("outputs/dpr-squad")
@@ -38,14 +33,14 @@ class Retriever:
     """The encoders of a retriever trained by train_dpr.py, with its ranking settings."""
 
     def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64, precision: str | None = None):
-        """`precision`: the autocast to embed under ("no", "bf16", "fp16"); default: the one the run evaluated with
-        (retriever_settings.json), so that it ranks exactly as the run did."""
+        """`precision`: autocast to embed under ("no", "bf16", "fp16"; default: the run's). UserError if invalid."""
         self.model_dir = os.path.abspath(model_dir)
         self.settings = s = RetrieverSettings.load(model_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if batch_size < 1:
             raise UserError(f"batch_size must be at least 1 (got {batch_size})")
         self.batch_size = batch_size
+        # The recorded precision by default, so that it ranks exactly as the run did.
         self.precision = precision or s.precision
         if self.precision not in AUTOCAST:
             raise UserError(f"precision {self.precision!r}: choose no, bf16 or fp16")
@@ -66,8 +61,7 @@ class Retriever:
 
     @property
     def fingerprint(self) -> str:
-        """What identifies the passage vectors this retriever makes (`encoder_fingerprint` of its passage encoder):
-        recorded in every index it builds and checked when one is searched."""
+        """What identifies this retriever's passage vectors: recorded in every index it builds, checked on search."""
         if self._fingerprint is None:
             self._fingerprint = encoder_fingerprint(self.passage_encoder_dir)
         return self._fingerprint
@@ -88,9 +82,8 @@ class Retriever:
 
     def encode_passages(self, passages: list[dict],
                         progress: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-        """(vectors float32, owner): the passages embedded as the run ranked them, one vector per passage or, for a
-        sentence-trained retriever, per sentence window (owner[row] = the position of its passage in `passages`;
-        None without windows)."""
+        """(vectors float32, owner): one vector per passage or, for a sentence-trained retriever, per sentence window
+        (owner[row] = the position of its passage in `passages`; None without windows)."""
         windows, owner = sentence_windows(passages, self.settings.window_sentences)
         tokens = tokenize_passages(self.p_tok, windows, self.settings.max_passage_length, self.settings.embed_title)
         vectors = self._encode(tokens, "passage", self.p_tok.pad_token_id, progress=progress).numpy()
@@ -99,11 +92,9 @@ class Retriever:
         return vectors, (owner if self.settings.window_sentences else None)
 
     def index(self, passages, dtype: str = "float32", bm25: bool = True, progress: bool = True) -> Index:
-        """An in-memory Index of `passages` (a list of {"title", "text", "passage_id"}, or a JSON-lines file of
-        them; checked as every corpus is, utils.files.corpus.load_passages, before anything is embedded).
-        float16 halves the index's memory for scores within about 1e-3 of float32's (exact: float32). With `bm25`,
-        a BM25 index for the hybrid is built too. For a corpus beyond memory, index_corpus.py writes the index as it
-        goes, from every process (utils.retriever.index_writer)."""
+        """An in-memory Index of `passages` (a list of {"title", "text", "passage_id"}, or a JSON-lines file of them,
+        checked before anything is embedded). `dtype` float16 halves the memory, float32 keeps scores exact. With
+        `bm25`, also a BM25 index for the hybrid. For a corpus beyond memory, use index_corpus.py."""
         if dtype not in ("float32", "float16"):
             raise UserError(f"index dtype {dtype!r}: choose float32 or float16")
         passages = load_passages(passages)
@@ -112,17 +103,15 @@ class Retriever:
                      BM25(passages) if bm25 else None, self.built_by())
 
     def check_index(self, index: Index, where: str) -> None:
-        """Refuse (one line, starting with `where`) an index whose vectors this retriever's passage encoder did not
-        make: another encoder (or this directory retrained since), other settings or another dimension."""
+        """Refuse (a one-line error starting with `where`) an index whose vectors this retriever's passage encoder did
+        not make: another encoder (or this directory retrained since), other settings or another dimension."""
         index.check_encoder(self.model_dir, self.settings, self.fingerprint, self.dimension, where)
 
     def search(self, index: Index, questions, k: int = 10, hybrid: bool = False):
         """Per question its k best passages of `index`, best first: {"passage_id", "title", "text", "score"} (fewer
-        when the corpus has fewer). Dense, or with `hybrid` fused with the index's BM25 at this retriever's recorded
-        dense weight over both rankings' first `hybrid_candidates` (utils.search.fusion: the hybrid's first hits do
-        not depend on k). `questions`: a list of strings; a single string is one question, and then the result is
-        that question's list of hits. The index must hold this retriever's passage vectors (`check_index`); with
-        one loaded from disk, `Retriever(index.model_dir)` is the retriever that built it."""
+        when the corpus has fewer). Dense, or with `hybrid` fused with BM25 at the recorded dense weight (UserError
+        without one). `questions`: a list, or one string (then its hits). The index must be this retriever's
+        (`check_index`; for one loaded from disk, `Retriever(index.model_dir)`)."""
         one = isinstance(questions, str)
         questions = question_list(questions)
         check_k(k)
@@ -139,5 +128,6 @@ class Retriever:
             raise UserError(f"{self.model_dir}: no recorded hybrid dense weight")
         q = self.encode_questions(questions)
         if hybrid:
+            # Fused over both rankings' first `hybrid_candidates`, so the hybrid's first hits do not depend on k.
             return index.hybrid_search(q, questions, k, weight, self.settings.hybrid_candidates)
         return index.search(q, k)

@@ -1,6 +1,5 @@
-"""Processes and their Accelerator: `make_accelerator` (every script's, with the process group's timeout from
---process_group_timeout), the layout check of what cannot keep a best model, CPU memory settings, the model as
-saved (without wrappers), peak memory, the machine, and a clean exit of multi-process runs."""
+"""Processes and their Accelerator: making it, work done by the main process alone, layout checks, CPU memory
+settings, the model as saved, peak memory, the machine, and a clean exit of multi-process runs."""
 
 import ctypes
 import logging
@@ -19,19 +18,16 @@ logger = logging.getLogger("qa-amp")
 
 
 def keep_freed_memory(device: torch.device) -> None:
-    """On CPU, stop glibc from handing freed memory back to the kernel.
-
-    A training step allocates and frees the same large activation and gradient buffers every time, and their
-    shapes change with each batch's padded length. glibc serves blocks over 32 MiB with fresh mmap()s and trims the
-    heap top after frees, so every step would re-fault the same memory page by page. Serving everything from the
-    heap and never trimming it trades some peak RSS for far fewer page faults. CUDA
-    memory has its own caching allocator, so this is CPU-only.
-    """
+    """On CPU (Linux, glibc), stop glibc from handing freed memory back to the kernel; warns if refused."""
+    # CUDA memory has its own caching allocator.
     if device.type != "cpu" or not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL("libc.so.6")
         m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4  # <malloc.h>
+        # Each step allocates and frees the same large buffers, shaped by the batch's padded length; glibc would mmap
+        # blocks over 32 MiB afresh and trim the heap top after frees, re-faulting them page by page every step. No
+        # mmap and no trimming trades some peak RSS for far fewer page faults.
         ok = (libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)
               and libc.mallopt(m_top_pad, 256 * 2**20))
     except (OSError, AttributeError):  # not glibc (musl, ...): nothing to tune
@@ -42,17 +38,14 @@ def keep_freed_memory(device: torch.device) -> None:
 
 def make_accelerator(process_group_timeout: int, **kwargs) -> Accelerator:
     """The Accelerator of every script: its process group waits `process_group_timeout` minutes in a collective
-    (--process_group_timeout, utils.loop.args: work the main process does alone must fit in it); `kwargs` go to
-    Accelerator."""
+    (work the main process does alone must fit in it); `kwargs` go to Accelerator."""
     timeout = InitProcessGroupKwargs(timeout=timedelta(minutes=process_group_timeout))
     return Accelerator(kwargs_handlers=[timeout], **kwargs)
 
 
 def main_process_result(accelerator, compute):
-    """`compute()` run by the main process alone, its result given to every process: for work whose answer every
-    process needs the same, and that would multiply the memory and time by the processes if each did it (ranking a
-    corpus, with BM25 or a trained retriever's encoder). The others wait in the broadcast, for as long as
-    --process_group_timeout allows."""
+    """`compute()` run by the main process alone, its result broadcast to every process (e.g. ranking a corpus). The
+    others wait in the broadcast, for as long as --process_group_timeout allows."""
     result = compute() if accelerator.is_main_process else None
     return broadcast_object_list([result])[0] if accelerator.num_processes > 1 else result
 
@@ -74,15 +67,16 @@ def check_layout(eval_steps: int | None, distributed_type, zero_stage) -> None:
 
 
 def bare_model(accelerator, model):
-    """The model without Accelerate's wrappers (DDP, ...) and without torch.compile's: its weights are named as
-    saved (`_orig_mod.` prefixes would make a strict load of the best model fail)."""
+    """The model without Accelerate's wrappers (DDP, ...) and torch.compile's, its weights named as saved."""
+    # torch.compile's `_orig_mod.` prefixes would make a strict load of the best model fail.
     return accelerator.unwrap_model(model, keep_torch_compile=False)
 
 
 def full_state_dict(accelerator, model) -> dict:
     """The whole model's weights on every process (a collective: gathers FSDP/DeepSpeed shards), named as in the
-    uncompiled model: torch.compile's wrapper prefixes every name with `_orig_mod.`, and save_pretrained would
-    silently write nothing for names it does not know."""
+    uncompiled model."""
+    # torch.compile prefixes every name with `_orig_mod.`, and save_pretrained silently writes nothing for names it
+    # does not know.
     return {k.replace("_orig_mod.", ""): v for k, v in accelerator.get_state_dict(model).items()}
 
 
@@ -94,10 +88,11 @@ def peak_memory_mb(accelerator) -> float:
 
 
 def machine_kind(device) -> dict:
-    """What a run's numbers depend on besides code, data and flags: CPU results are bit-identical from run to run
-    only on the same kind of CPU (its bf16 kernels: AMX, AVX512-BF16) with the same number of torch threads."""
+    """What a run's numbers depend on besides code, data and flags: the device's name, or on CPU the torch threads and
+    the bf16 kernels (amx, avx512_bf16)."""
     if device.type != "cpu":
         return {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type}
+    # CPU results are bit-identical from run to run only on the same kind of CPU with the same number of threads.
     flags = set()
     try:
         with open("/proc/cpuinfo") as f:
@@ -109,18 +104,14 @@ def machine_kind(device) -> dict:
 
 
 def finish(accelerator) -> None:
-    """End of a run: every process reaches this point before trackers close and the process group goes.
-
-    A multi-process run then leaves with os._exit, skipping interpreter finalization: torch's gloo worker
-    threads can drop their last reference to a finished collective's tensor while the main thread finalizes,
-    and that destructor needing the GIL then aborts the process ("terminate called without an active
-    exception"); destroy_process_group does not stop those threads. Everything the run writes is closed before
-    this point; stdout, stderr and logging are flushed here. (The investigation: docs/RESULTS.md, and
-    benchmarks/ddp_soak.py measures it.)
-    """
+    """End of a run: waits for every process, closes the trackers, and exits a multi-process run at once (os._exit,
+    after flushing logging, stdout and stderr). Everything else the run writes must be closed before this call."""
     accelerator.wait_for_everyone()
     accelerator.end_training()
     if accelerator.num_processes > 1:
+        # Skip interpreter finalization: gloo worker threads can drop a finished collective's last tensor reference
+        # while the main thread finalizes, and that destructor needing the GIL aborts the process ("terminate called
+        # without an active exception"); destroy_process_group does not stop them. See docs/RESULTS.md.
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,16 +1,11 @@
 """The QA system: retrieve passages of a corpus with a trained retriever (or BM25), read them with a trained reader,
-answer by the one rule of utils.system.answer.
+answer by the one rule of utils.system.answer. Each model runs with its recorded settings and precision unless told.
 
     from utils.system import QASystem
     qa = QASystem("outputs/dpr-squad", "outputs/reader-squad", passages="corpus.jsonl")   # or retriever="bm25"
     for a in qa.ask(["Who designed the Corran lighthouse?"], k=5):
         print(a["answer"] or "(no answer)", a["passage_id"], a["score"])
     qa.ask("Who designed the Corran lighthouse?")                      # one question: its answer, not a list
-
-The retriever ranks with its recorded settings (sentence windows, the hybrid's dense weight: utils.retriever.retriever)
-and the reader reads with its own (windows, decoding: utils.reader.trained); each runs at the precision it was
-trained at unless one is given. The threshold is the reader's recorded one unless a system threshold (tuned by
-qa_system.py on labelled questions) is given, and so is the weight of the retriever's score in the answer.
 """
 
 from utils.errors import UserError
@@ -30,18 +25,14 @@ class QASystem:
                  device: str | None = None, precision: str | None = None, batch_size: int = 64,
                  progress: bool = False, retriever_weight: float = 0.0,
                  calibration: tuple | None = None, unanswerable_share: float | None = None):
-        """`retriever`: a directory written by train_dpr.py (or its loaded `Retriever`), or "bm25". `reader`: a
-        directory written by train_reader.py (or its loaded `Reader`). `passages`: the corpus (a JSON-lines file or a
-        list of {"title", "text", "passage_id"}, checked by utils.files.corpus.load_passages), or `index`: an Index
-        of it (or its directory). `hybrid`: fuse the dense ranking with BM25 at the retriever's recorded weight
-        (default: when it has one). `precision`: the autocast of both models ("no", "bf16", "fp16"); default: each
-        model's own, as trained. `progress`: progress bars while indexing and reading. `retriever_weight`: how much
-        the retriever's score of a passage weighs on what is read in it (utils.system.answer; tuned with the
-        threshold by qa_system.py; 0: the reader's scores alone).
-        `calibration`: (a, b) or (a, b, share) fitted by qa_system.py, which makes each answer's
-        no_answer_probability calibrated; `share`: the share of unanswerable questions it was fitted on.
-        `unanswerable_share`: the share of unanswerable questions expected here; the threshold and the calibration
-        move to it by its odds (utils.system.answer.at_share; needs the calibration's share)."""
+        """`retriever`: a train_dpr.py directory (or its loaded `Retriever`), or "bm25". `reader`: a train_reader.py
+        directory (or its loaded `Reader`). Give the corpus as `passages` (a JSON-lines file or a list of
+        {"title", "text", "passage_id"}) or as `index` (an Index or its directory); UserError for both or neither.
+        `hybrid`: fuse with BM25 at the retriever's recorded weight (default: when it has one). `precision`: both
+        models' autocast ("no", "bf16", "fp16"; default: each model's own). `retriever_weight`: how much a passage's
+        retrieval score weighs on what is read in it (0: the reader's alone). `calibration`: (a, b) or (a, b, share)
+        fitted by qa_system.py, for calibrated no_answer_probability. `unanswerable_share`: the share of unanswerable
+        questions expected; the threshold and calibration move to it (needs the calibration's share)."""
         if (passages is None) == (index is None):
             raise UserError("give the corpus as passages, or as an index of it (one of them)")
         self.progress = progress
@@ -78,8 +69,8 @@ class QASystem:
 
     @property
     def shared_norm(self) -> bool:
-        """Whether answers follow the shared rule (a reader trained with shared normalization): one no-answer per
-        question over every passage read (utils.system.answer)."""
+        """Whether answers follow the shared rule (a shared-normalization reader): one no-answer per question over
+        every passage read."""
         return self.reader.settings.shared_norm
 
     @property
@@ -91,9 +82,8 @@ class QASystem:
         return out
 
     def settings(self, threshold: float | None = "recorded", unanswerable_share: float | None = "system") -> tuple:
-        """(threshold, calibration) the system answers with: `threshold` ("recorded": the reader's own) and the
-        calibration, both moved to `unanswerable_share` ("system": the system's own; None: as tuned) if there is one
-        (utils.system.answer.at_share)."""
+        """(threshold, calibration) the system answers with, both moved to `unanswerable_share` ("system": the
+        system's own; None: as tuned). `threshold` "recorded": the reader's own."""
         threshold = self.recorded_threshold if threshold == "recorded" else threshold
         share = self.unanswerable_share if unanswerable_share == "system" else unanswerable_share
         return at_share(threshold, self.calibration, share)
@@ -107,11 +97,9 @@ class QASystem:
         return self.retriever.search(self.index, questions, k, hybrid=self.hybrid)
 
     def read(self, questions: list[str], retrieved: list[list[dict]]) -> list[list[dict]]:
-        """Per question, per passage read: {"passage_id", "retrieval_score" (the passage's "score", if it has one),
-        "text" (its best span), "start"/"end" (its character offsets in the passage; None without a span), "score",
-        "null_score", "null_minus_best", the log-sum-exps the shared rule combines ("null_start", "null_end",
-        "lse_start", "lse_end")}, in retrieval order. Every (question, passage) pair goes through the reader's one
-        decoding, in batches."""
+        """Per question, per passage read in retrieval order: {"passage_id", "retrieval_score", "text" (its best span),
+        "start"/"end" (character offsets; None without a span), "score", "null_score", "null_minus_best", "nbest",
+        and the log-sum-exps the shared rule combines}."""
         examples = [{"id": f"{i}:{r}", "question": q, "context": p["text"]}
                     for i, (q, passages) in enumerate(zip(questions, retrieved)) for r, p in enumerate(passages)]
         decoded = self.reader.spans(examples, progress="reading" if self.progress else None) if examples else {}
@@ -130,15 +118,11 @@ class QASystem:
         return out
 
     def ask(self, questions, k=5, threshold: float | None = "recorded", unanswerable_share="system"):
-        """Per question {"answer" ("" = no answer), "passage_id", "title", "start"/"end" (the answer's character
-        offsets in that passage's text), "score" (None, with no passage, on an abstention), "null_minus_best",
-        "passages" (the k passages read: their ids, titles, texts, retrieval scores and what the reader found in
-        each)}. `questions`: a list of strings, or one string (then the result is its answer, not a list). `k`: the
-        passages read per question, or a list of one k per question (retrieved together at the largest: a ranking's
-        first k are the same whatever k was asked for, utils.search.kbest). `threshold`: the system's
-        (default: the reader's recorded one; None: always answer). `unanswerable_share`: the share of unanswerable
-        questions expected, which the threshold moves to (`settings`), or a list of one per question; default: the
-        system's."""
+        """Per question {"answer" ("" = no answer), "passage_id", "title", "start"/"end" (character offsets in that
+        passage), "score" (None on an abstention), "null_minus_best", "passages" (the k read, with what the reader
+        found in each)}. `questions`: a list, or one string (then one answer, not a list). `k` and
+        `unanswerable_share` (see `settings`): one value, or a list of one per question. `threshold`: default the
+        reader's recorded one; None: always answer. UserError on mismatched list lengths or a bad k."""
         one = isinstance(questions, str)
         questions = question_list(questions)
         ks = list(k) if isinstance(k, (list, tuple)) else [k] * len(questions)
@@ -149,6 +133,7 @@ class QASystem:
         for each in ks:
             check_k(each)
         settings = {share: self.settings(threshold, share) for share in set(shares)}  # each checked before reading
+        # Retrieved together at the largest k: a ranking's first k are the same whatever k was asked for.
         retrieved = [hits[:each] for hits, each in zip(self.retrieve(questions, max(ks, default=1)), ks)]
         out = [answer_of(combine(readings, self.shared_norm, retriever_weight=self.retriever_weight,
                                  calibration=settings[share][1]), settings[share][0], passages, readings)
@@ -157,8 +142,7 @@ class QASystem:
 
 
 def answer_of(combined: dict, threshold: float | None, passages: list[dict], readings: list[dict]) -> dict:
-    """One question's answer as `QASystem.ask` gives it, from its combined view, passages and readings; with it
-    "text", the text of the passage it is in (None on an abstention)."""
+    """One question's answer as `QASystem.ask` gives it, plus "text", its passage's text (None on an abstention)."""
     text = answer(combined, threshold)
     chosen = (next((j for j, p in enumerate(passages) if p["passage_id"] == combined["passage_id"]), None)
               if text else None)
