@@ -65,13 +65,18 @@ class ServeArgs:
 FLAGS = (SystemConfig, AnswerSettings, ServeArgs, Limits)
 
 
-@exit_on_user_error
-def main(argv=None):
-    # --- setup: check everything, and take the port, before anything is loaded ------------------------
-    config, rule, args, limits = parse_args(FLAGS, argv)
+def resolve(config: SystemConfig, rule: AnswerSettings, args: ServeArgs, limits: Limits):
+    """The checks across the parsed configs, once, as qa_system.py's resolve does for its own."""
     rule.check()
     if limits.max_questions > args.max_batch and args.max_batch > 1:
         raise UserError(f"--max_questions ({limits.max_questions}) must fit in one pass (--max_batch {args.max_batch})")
+    return config, rule, args, limits
+
+
+@exit_on_user_error
+def main(argv=None):
+    # --- setup: check everything, and take the port, before anything is loaded ------------------------
+    config, rule, args, limits = resolve(*parse_args(FLAGS, argv))
     sock = listening_socket(args.host, args.port)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     failure = []
