@@ -76,7 +76,8 @@ def main(argv=None):
     meta = build_index(accelerator, retriever, args.passages, args.output_dir, args.dtype, args.chunk_passages,
                        args.bm25, args.overwrite_output_dir)
     seconds = meta.get("seconds", 0.0)
-    accelerator.print(f"indexed {meta['passages']} passages ({meta['vectors']} vectors) in {seconds:.1f} s "
+    accelerator.print(f"indexed {meta['passages']} passages ({meta['vectors']} vectors; {meta['embedded']} passages "
+                      f"embedded, the others' vectors kept) in {seconds:.1f} s "
                       f"({meta['passages'] / max(seconds, 1e-9):.1f} passages/s, "
                       f"{meta['vectors'] / max(seconds, 1e-9):.1f} vectors/s; "
                       f"peak memory {peak_memory_mb(accelerator)} MB on the first process)")

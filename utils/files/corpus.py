@@ -10,11 +10,26 @@ from utils.errors import UserError
 from utils.files.jsonfiles import json_lines, parse_json_line, read_json
 
 
+# Where a passage came from, kept with it where given (ingest_documents.py writes them): its document (the name it
+# was ingested under), its place among the document's passages (0-based) and, for a PDF, the page it starts on
+# (1-based). An answer's details name them; nothing ranks or reads by them.
+SOURCE_FIELDS = {"document": str, "passage": int, "page": int}
+
+
 def check_ctx(ctx, path, where):
     if not isinstance(ctx, dict) or not isinstance(ctx.get("text"), str) or not ctx["text"].strip():
         raise UserError(f"{path}: {where}: every passage needs a 'text' that is a non-empty string")
-    return {"title": str(ctx.get("title") or ""), "text": ctx["text"],
-            "passage_id": str(ctx["passage_id"]) if ctx.get("passage_id") is not None else None}
+    checked = {"title": str(ctx.get("title") or ""), "text": ctx["text"],
+               "passage_id": str(ctx["passage_id"]) if ctx.get("passage_id") is not None else None}
+    for name, kind in SOURCE_FIELDS.items():
+        value = ctx.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise UserError(f"{path}: {where}: '{name}' must be a{'n integer' if kind is int else ' string'}, "
+                            f"got {value!r}")
+        checked[name] = value
+    return checked
 
 
 def load_passages(passages) -> list[dict]:

@@ -17,6 +17,8 @@ from accelerate.utils import broadcast_object_list, gather_object
 from utils.errors import UserError
 from utils.files.corpus import byte_ranges, count_lines, stream_passages
 from utils.files.jsonfiles import json_lines, write_json_file
+from utils.retriever.index_update import (PreviousVectors, chunk_vectors, finish_update, recover, start_update,
+                                          version_path)
 from utils.retriever.retriever import Retriever
 from utils.search.bm25 import BM25
 from utils.search.index import Index, check_index_target, manifest
@@ -112,22 +114,17 @@ def corpus_identity(path: str, plan: dict, processes: int) -> dict:
             "processes": processes, "chunk_passages": plan["chunk_passages"], "hashes": plan["hashes"]}
 
 
-def _resumable(out: str, existing: dict, built_by: dict, dtype: str, corpus: dict,
-               reuse: bool = False) -> tuple[str | None, dict | None]:
-    """(why the index in `out` cannot be continued, or None; its manifest if it can). `reuse`: a complete index of
-    this corpus by this retriever, settings, precision and dtype is taken as it is (whatever the processes)."""
-    if existing["complete"] and not reuse:
-        return f"{out}: holds a complete index already: give another --output_dir, or --overwrite_output_dir", None
+def _resumable(out: str, existing: dict, built_by: dict, dtype: str, corpus: dict) -> tuple[str | None, dict | None]:
+    """(why the index in `out` cannot be continued, or None; its manifest if it can: an unfinished one to resume, a
+    complete one by this retriever, settings, precision and dtype to take as it is or to update)."""
     differ = [k for k in ("passage_encoder", "settings", "precision") if existing[k] != built_by[k]]
     differ += ["dtype"] if existing["dtype"] != dtype else []
     if differ:
         return (f"{out}: {'an' if existing['complete'] else 'an unfinished'} index built with another retriever or "
                 f"settings ({', '.join(differ)} differ): give another --output_dir, or --overwrite_output_dir to start "
                 "over"), None
-    if existing["complete"]:  # reused: the same corpus, however many processes built it
-        same = all(existing.get("corpus", {}).get(k) == corpus[k] for k in ("bytes", "passages", "hashes"))
-        return (None, existing) if same else (f"{out}: a complete index of another corpus: give another "
-                                              "directory", None)
+    if existing["complete"]:
+        return None, existing
     if existing["corpus"]["processes"] != corpus["processes"]:
         return (f"{out}: an unfinished index started with {existing['corpus']['processes']} processes: resume it "
                 f"with as many (this run has {corpus['processes']})"), None
@@ -138,20 +135,30 @@ def _resumable(out: str, existing: dict, built_by: dict, dtype: str, corpus: dic
     return None, existing
 
 
-def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retriever: Retriever, corpus: dict,
-                      reuse: bool = False) -> dict:
-    """The manifest to build under: a new one, or the unfinished one found (resumed: it must have been started with
-    this retriever, its settings and precision, this dtype, this corpus and as many processes), or with `reuse` the
-    complete one found of the same (`_resumable`). One-line errors."""
+def same_corpus(meta: dict, corpus: dict) -> bool:
+    """Whether a complete index holds this corpus (the same passages, however many processes built it)."""
+    return all(meta.get("corpus", {}).get(k) == corpus[k] for k in ("bytes", "passages", "hashes"))
+
+
+def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retriever: Retriever,
+                      corpus: dict) -> tuple[dict, dict | None]:
+    """(the manifest to build under, the update to make or None): a new manifest; or the unfinished one found
+    (resumed: it must have been started with this retriever, its settings and precision, this dtype, this corpus
+    and as many processes); or the complete one found by the same (`_resumable`), with the update that brings it
+    to this corpus where it holds another (utils.retriever.index_update). One-line errors."""
     built_by = retriever.built_by()
-    failure, meta = None, None
+    failure, meta, update = None, None, None
     if accelerator.is_main_process:
         try:
+            if not overwrite and os.path.isdir(out):
+                recover(out)  # an update killed after its manifest was written: its old files deleted now
             existing = read_manifest(out, complete=False) if os.path.isfile(os.path.join(out, INDEX_FILE)) else None
         except UserError as err:  # an index of another format, say: with overwrite check_index_target decides
             existing, failure = None, None if overwrite else str(err)
         if existing and not overwrite:
-            failure, meta = _resumable(out, existing, built_by, dtype, corpus, reuse)
+            failure, meta = _resumable(out, existing, built_by, dtype, corpus)
+            if meta and meta["complete"] and not same_corpus(meta, corpus):
+                update = start_update(out, meta, corpus)
         if failure is None and meta is None:
             try:
                 check_index_target(out, overwrite, "--overwrite_output_dir")
@@ -168,16 +175,17 @@ def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retrie
             except OSError as err:
                 failure = f"{out}: cannot create the index directory ({err.strerror or err})"
     if accelerator.num_processes > 1:
-        failure, meta = broadcast_object_list([failure, meta])
+        failure, meta, update = broadcast_object_list([failure, meta, update])
     if failure:
         raise UserError(failure)
-    return meta
+    return meta, update
 
 
 def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, retriever: Retriever, directory: str,
-                main: bool) -> dict:
-    """This process's shard: its chunks (first passage, start byte, end byte), each embedded and appended after the
-    last one recorded. Returns {"vectors", "passages", "seconds"} of the shard."""
+                main: bool, previous: PreviousVectors | None = None) -> dict:
+    """This process's shard: its chunks (first passage, start byte, end byte), each embedded (with `previous`, an
+    update's: only the passages it does not hold) and appended after the last one recorded. Returns {"vectors",
+    "passages", "embedded", "seconds"} of the shard."""
     writer = ShardWriter(directory, retriever.dimension, dtype, bool(retriever.settings.window_sentences))
     done = len(writer.progress["chunks"])
     if done:
@@ -186,13 +194,14 @@ def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, retri
     t0, before = time.perf_counter(), writer.progress["passages"]
     for i, (_, start, stop) in enumerate(chunks[done:], done):
         rows = list(stream_passages(path, start, stop))
-        vectors, owner = retriever.encode_passages([p for p, _, _ in rows])
-        writer.append(content_hash([raw for _, raw, _ in rows]), [p for p, _, _ in rows], vectors, owner)
+        vectors, owner, embedded = chunk_vectors([p for p, _, _ in rows], retriever, previous)
+        writer.append(content_hash([raw for _, raw, _ in rows]), [p for p, _, _ in rows], vectors, owner, embedded)
         if main:
             rate = (writer.progress["passages"] - before) / max(time.perf_counter() - t0, 1e-9)
             logger.info("chunk %d of %d of this shard: %d passages (%.0f passages/s)", i + 1, len(chunks),
                         writer.progress["passages"], rate)
     return {"vectors": writer.progress["vectors"], "passages": writer.progress["passages"],
+            "embedded": writer.progress.get("embedded", writer.progress["passages"]),
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -201,9 +210,10 @@ def build_index(accelerator, retriever: Retriever, passages: str, output_dir: st
                 reuse: bool = False) -> dict:
     """Index the JSON-lines corpus `passages` into `output_dir` with `retriever`, every process a contiguous run of
     the corpus's chunks (a collective: every process calls it); resumes an unfinished build of the same corpus,
-    retriever and layout. Returns the complete manifest. `bm25`: also build BM25 (default: when the retriever has
-    a hybrid weight). `reuse`: a complete index there of the same corpus and retriever is returned as it is (with
-    BM25 where asked)."""
+    retriever and layout; updates a complete one by the same retriever whose corpus changed since
+    (utils.retriever.index_update: only new and changed passages embedded). Returns the complete manifest. `bm25`:
+    also build BM25 (default: when the retriever has a hybrid weight). A complete index there of the same corpus
+    and retriever is returned as it is: with `reuse` silently (with BM25 where asked), else as up to date."""
     world, rank = accelerator.num_processes, accelerator.process_index
     corpus_path, out = os.path.realpath(passages), os.path.realpath(output_dir)
     if os.path.commonpath([corpus_path, out]) == out:  # the same answer on every process: no collective needed
@@ -211,37 +221,48 @@ def build_index(accelerator, retriever: Retriever, passages: str, output_dir: st
                         "(replacing the directory would delete the corpus)")
     plan = check_corpus(accelerator, passages, chunk_passages)
     corpus = corpus_identity(passages, plan, world)
-    found = prepare_index_dir(accelerator, output_dir, dtype, overwrite, retriever, corpus, reuse)
-    if found["complete"]:  # reused
+    found, update = prepare_index_dir(accelerator, output_dir, dtype, overwrite, retriever, corpus)
+    if found["complete"] and update is None:  # the index of this corpus already
         if (bm25 if bm25 is not None else retriever.settings.hybrid_by_default) and not found.get("bm25"):
             raise UserError(f"{output_dir}: a complete index without BM25, which the hybrid needs: give another "
                             "directory")
-        return found
-    accelerator.print(f"index: {corpus['passages']} passages, {len(plan['chunks'])} chunks in {world} shard(s), "
+        if not reuse:
+            accelerator.print(f"{output_dir}: up to date (an index of this corpus by this retriever): nothing to do")
+        return {**found, "embedded": 0, "seconds": 0.0}
+    version = update["version"] if update else 1
+    accelerator.print(f"index{f' update to version {version}' if update else ''}: {corpus['passages']} passages, "
+                      f"{len(plan['chunks'])} chunks in {world} shard(s), "
                       f"{'sentence windows' if retriever.settings.window_sentences else 'whole passages'}, "
                       f"precision {retriever.precision}, {dtype} vectors -> {output_dir}")
     n = len(plan["chunks"])
     mine = plan["chunks"][rank * n // world:(rank + 1) * n // world]
+    previous = PreviousVectors(output_dir, found) if update else None
     with torch.no_grad():
-        result = embed_shard(passages, mine, dtype, retriever, os.path.join(output_dir, shard_name(rank)),
-                             accelerator.is_main_process)
+        result = embed_shard(passages, mine, dtype, retriever,
+                             os.path.join(output_dir, version_path(version, shard_name(rank))),
+                             accelerator.is_main_process, previous)
     every = gather_object([result])
     shards, first = [], 0
     for i, s in enumerate(every):
-        shards.append({"dir": shard_name(i), "first": first, "last": first + s["passages"], "vectors": s["vectors"]})
+        shards.append({"dir": version_path(version, shard_name(i)), "first": first, "last": first + s["passages"],
+                       "vectors": s["vectors"]})
         first += s["passages"]
     if first != corpus["passages"]:
         raise UserError(f"{output_dir}: {first} passages embedded, the corpus has {corpus['passages']}")
     meta = manifest(retriever.built_by(), dtype, retriever.dimension, corpus["passages"], shards, bm25=False,
                     complete=True, corpus=corpus)
+    meta.update(version=version, embedded=sum(s["embedded"] for s in every), bm25_dir=version_path(version, "bm25"))
     if accelerator.is_main_process:
         meta["bm25"] = bm25 if bm25 is not None else retriever.settings.hybrid_by_default
         if meta["bm25"]:  # by this process alone (one index over every passage: bm25s builds it in one piece), the
             # others waiting below, for as long as --process_group_timeout allows
             parts = [map_shard(output_dir, meta, s)[2] for s in shards]
-            BM25(list(PassageStore(parts, [s["first"] for s in shards]))).save(os.path.join(output_dir, "bm25"))
+            BM25(list(PassageStore(parts, [s["first"] for s in shards]))).save(
+                os.path.join(output_dir, meta["bm25_dir"]))
         meta["seconds"] = max(s["seconds"] for s in every)
-        write_json_file(os.path.join(output_dir, INDEX_FILE), meta)
+        write_json_file(os.path.join(output_dir, INDEX_FILE), meta)  # the one rename that publishes the version
+        if update:
+            finish_update(output_dir, update)
     accelerator.wait_for_everyone()
     return meta
 

@@ -156,7 +156,8 @@ class Index:
                 except ValueError as err:
                     raise UserError(f"{directory}: {s['dir']}: {err}") from None
         passages = PassageStore(parts, [s["first"] for s in shards])
-        bm25 = BM25.load(os.path.join(directory, "bm25"), meta["passages"]) if meta.get("bm25") else None
+        bm25 = BM25.load(os.path.join(directory, meta.get("bm25_dir", "bm25")), meta["passages"]) \
+            if meta.get("bm25") else None
         built_by = {k: meta[k] for k in ("model", "passage_encoder", "settings", "precision")}
         return cls(vectors, passages, bm25, built_by, distributed=share is not None and share[1] > 1)
 

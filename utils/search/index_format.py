@@ -6,9 +6,12 @@
     IDX/shard-00000/vectors.bin the shard's vectors, rows x dimension of dtype, appended chunk by chunk
     IDX/shard-00000/owner.bin   with sentence windows: int32, row -> the shard's passage it belongs to
     IDX/shard-00000/passages.jsonl, offsets.bin   the shard's passages (one JSON line each) and where each starts
+    IDX/shard-00000/keys.bin    each passage's content key (16 bytes of a hash of its title and text): what an update
+                                compares to keep a passage's vectors (utils.retriever.index_update)
     IDX/shard-00000/progress.json the chunks done so far and the files' lengths after them (a killed job resumes
                                 after the last; anything written past it is cut off)
     IDX/bm25/                   BM25 over every passage (for the hybrid), where built
+    IDX/v2/shard-00000/, v2/bm25/  the same, of the index's second version (an update: the manifest names its files)
 
 Every shard is one contiguous range of the corpus's passages. Readers map the files (numpy memmap): a process
 searching its own shards touches only their pages, and a passage's text is read from its line when a result
@@ -22,13 +25,13 @@ import os
 import numpy as np
 
 from utils.errors import UserError
-from utils.files.jsonfiles import json_line, json_lines, write_json_file
+from utils.files.jsonfiles import json_line, write_json_file
 
 INDEX_FILE, FORMAT = "index.json", 3
 MANIFEST_FIELDS = ("model", "passage_encoder", "settings", "precision", "dimension", "dtype", "passages", "shards",
                    "complete")
-VECTORS, OWNER, PASSAGES, OFFSETS, PROGRESS = ("vectors.bin", "owner.bin", "passages.jsonl", "offsets.bin",
-                                               "progress.json")
+VECTORS, OWNER, PASSAGES, OFFSETS, PROGRESS, KEYS = ("vectors.bin", "owner.bin", "passages.jsonl", "offsets.bin",
+                                                     "progress.json", "keys.bin")
 
 
 def shard_name(i: int) -> str:
@@ -79,7 +82,8 @@ class ShardWriter:
         self.directory, self.dimension, self.dtype, self.windows = directory, dimension, np.dtype(dtype), windows
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, PROGRESS)
-        self.progress = {"chunks": [], "passages": 0, "vectors": 0, "passage_bytes": 0}
+        # "keys": this shard has keys.bin (a shard begun by an older version has not: an update computes its keys)
+        self.progress = {"chunks": [], "passages": 0, "vectors": 0, "passage_bytes": 0, "keys": True, "embedded": 0}
         if os.path.isfile(path):
             with open(path) as f:
                 self.progress = json.load(f)
@@ -89,15 +93,19 @@ class ShardWriter:
         self._open(PASSAGES, p["passage_bytes"])
         if windows:
             self._open(OWNER, p["vectors"] * 4)
+        if p.get("keys"):
+            self._open(KEYS, p["passages"] * 16)
 
     def _open(self, name: str, length: int) -> None:
         path = os.path.join(self.directory, name)
         with open(path, "ab") as f:  # create if missing, then cut back to what progress.json vouches for
             f.truncate(length)
 
-    def append(self, chunk_hash: str, passages: list[dict], vectors: np.ndarray, owner: np.ndarray | None) -> None:
+    def append(self, chunk_hash: str, passages: list[dict], vectors: np.ndarray, owner: np.ndarray | None,
+               embedded: int | None = None) -> None:
         """One chunk: its passages, their vectors (and, with windows, each vector's passage within the chunk), made
-        durable before the progress that counts them."""
+        durable before the progress that counts them. `embedded`: how many of the passages were embedded (the
+        others' vectors kept from the index an update started from); all of them by default."""
         p = self.progress
         assert vectors.shape[1] == self.dimension
         lines = [(json_line(x) + "\n").encode("utf-8") for x in passages]
@@ -107,7 +115,10 @@ class ShardWriter:
         self._write(PASSAGES, b"".join(lines))
         if self.windows:
             self._write(OWNER, (np.asarray(owner, dtype=np.int64) + p["passages"]).astype(np.int32).tobytes())
+        if p.get("keys"):
+            self._write(KEYS, content_keys(passages).tobytes())
         p["chunks"].append(chunk_hash)
+        p["embedded"] = p.get("embedded", 0) + (len(passages) if embedded is None else embedded)
         p["passages"] += len(passages)
         p["vectors"] += len(vectors)
         p["passage_bytes"] += sum(len(line) for line in lines)
@@ -146,21 +157,21 @@ class PassageLines:
     """A shard's passages, read from their lines on demand."""
 
     def __init__(self, path: str, offsets: np.ndarray):
+        # opened now, not at the first read: an index replaced by an update after this one was loaded (serve.py
+        # reloading) is still read whole from the files it was loaded from, never from the new ones
         self.path, self.offsets = path, offsets
-        self._file = None
+        self._file = open(path, "rb")
 
     def __len__(self):
         return len(self.offsets)
 
     def __getitem__(self, j: int) -> dict:
-        if self._file is None:
-            self._file = open(self.path, "rb")
         self._file.seek(int(self.offsets[j]))
         return json.loads(self._file.readline())
 
     def __iter__(self):
-        for _, _, raw in json_lines(self.path):
-            yield json.loads(raw)
+        for j in range(len(self)):
+            yield self[j]
 
 
 class PassageStore:
@@ -190,3 +201,21 @@ def content_hash(lines: list[bytes]) -> str:
     for line in lines:
         h.update(line)
     return h.hexdigest()
+
+
+def content_keys(passages: list[dict]) -> np.ndarray:
+    """Each passage's content key, int64 (n, 2): 16 bytes of a hash of its title and text, all that its vectors
+    depend on beside the encoder and its settings (its id and source fields do not enter them)."""
+    keys = [hashlib.blake2b(json.dumps([p["title"], p["text"]], ensure_ascii=False).encode(), digest_size=16).digest()
+            for p in passages]
+    return np.frombuffer(b"".join(keys), dtype=np.int64).reshape(len(passages), 2).copy()
+
+
+def shard_keys(directory: str, shard: dict, lines: "PassageLines") -> np.ndarray:
+    """The content keys of a complete shard's passages: its keys.bin, or computed from its passages where an older
+    version wrote the shard without one."""
+    path = os.path.join(directory, shard["dir"], KEYS)
+    count = shard["last"] - shard["first"]
+    if os.path.isfile(path) and os.path.getsize(path) == count * 16:
+        return np.fromfile(path, dtype=np.int64).reshape(count, 2)
+    return content_keys(list(lines)) if count else np.zeros((0, 2), np.int64)

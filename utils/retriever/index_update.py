@@ -1,0 +1,148 @@
+"""An index brought up to date with its corpus as it is now: index_corpus.py run again on a complete index, by the
+same retriever, of a corpus whose documents were added, changed or removed since.
+
+The rule: a passage whose title and text are unchanged (its content key, utils.search.index_format.content_keys)
+keeps its vectors, copied bit for bit from the index as it was; every other passage is embedded; a passage no longer
+in the corpus is dropped; BM25 is built again over the passages as they are (its term statistics are corpus-wide:
+one changed document moves every score). The update is written as the index's next version beside the current one
+(IDX/v<N>/, each process its shard, chunk by chunk as a first build is, so it resumes after a kill and is the same
+from any number of processes), then the manifest is replaced in one rename, and only then are the previous
+version's files, named by its manifest, deleted. A reader (serve.py) has the old version or the new one, never a mix.
+
+    IDX/update.json   the update under way: its version, its corpus and layout (a resumed update must match them, or
+                      it is started again), the previous version's files to delete once the manifest names the new
+"""
+
+import os
+import shutil
+
+import numpy as np
+
+from utils.files.jsonfiles import read_json, write_json_file
+from utils.search.index_format import INDEX_FILE, content_keys, map_shard, read_manifest, shard_keys, shard_name
+from utils.search.vectors import Vectors
+
+UPDATE_FILE = "update.json"
+
+
+def version_of(meta: dict) -> int:
+    return meta.get("version", 1)
+
+
+def version_path(version: int, name: str) -> str:
+    """Where version `version` keeps a shard or BM25, relative to the index (the first at the top, as before)."""
+    return name if version == 1 else f"v{version}/{name}"
+
+
+def files_of(meta: dict) -> list[str]:
+    """The directories of an index version that its manifest names (its shards, its BM25)."""
+    return [s["dir"] for s in meta["shards"]] + ([meta.get("bm25_dir", "bm25")] if meta.get("bm25") else [])
+
+
+class PreviousVectors:
+    """The vectors of the index an update starts from, found by their passage's content key. Holds 16 bytes a
+    passage (the keys, sorted) and maps the shards where they lie: no vector is read that is not copied."""
+
+    def __init__(self, directory: str, meta: dict):
+        self.shards, keys = [], []
+        for s in meta["shards"]:
+            vectors, owner, lines = map_shard(directory, meta, s)
+            self.shards.append(Vectors(vectors, owner, s["last"] - s["first"], s["first"]))
+            keys.append(shard_keys(directory, s, lines))
+        self.keys = np.concatenate(keys) if keys else np.zeros((0, 2), np.int64)
+        self.order = np.argsort(self.keys[:, 0], kind="stable")
+        self.sorted = self.keys[self.order, 0]
+        self.firsts = np.asarray([v.offset for v in self.shards], dtype=np.int64)
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """The previous index's position of each key's passage, -1 where it has none (a new or changed passage)."""
+        if not len(self.sorted):
+            return np.full(len(keys), -1, np.int64)
+        at = np.minimum(np.searchsorted(self.sorted, keys[:, 0]), len(self.sorted) - 1)
+        j = self.order[at]
+        return np.where((self.keys[j, 0] == keys[:, 0]) & (self.keys[j, 1] == keys[:, 1]), j, -1)
+
+    def rows(self, j: int) -> np.ndarray:
+        """The vectors of the previous index's passage j (its sentence windows' rows, or its one row), as stored."""
+        v = self.shards[int(np.searchsorted(self.firsts, j, side="right")) - 1]
+        local = j - v.offset
+        return np.asarray(v.embeddings[v.starts[local]:v.starts[local + 1]])
+
+
+def chunk_vectors(passages: list[dict], retriever, previous: PreviousVectors | None):
+    """(vectors, owner or None, embedded): a chunk's vectors, those of the passages `previous` holds copied from it
+    (as float32: exact for either dtype stored), the others embedded in one call."""
+    if previous is None:
+        vectors, owner = retriever.encode_passages(passages)
+        return vectors, owner, len(passages)
+    found = previous.find(content_keys(passages))
+    new = np.flatnonzero(found < 0)
+    fresh, fresh_owner = retriever.encode_passages([passages[i] for i in new]) if len(new) else (None, None)
+    if fresh_owner is None and fresh is not None:
+        fresh_owner = np.arange(len(new))
+    fresh_starts = np.searchsorted(fresh_owner, np.arange(len(new) + 1)) if fresh is not None else None
+    place = {int(i): k for k, i in enumerate(new)}
+    pieces, owner = [], []
+    for i in range(len(passages)):
+        if found[i] >= 0:
+            rows = previous.rows(int(found[i])).astype(np.float32)
+        else:
+            k = place[i]
+            rows = fresh[fresh_starts[k]:fresh_starts[k + 1]]
+        pieces.append(rows)
+        owner.append(np.full(len(rows), i, np.int64))
+    vectors = np.concatenate(pieces) if pieces else np.zeros((0, retriever.dimension), np.float32)
+    return vectors, (np.concatenate(owner) if retriever.settings.window_sentences else None), len(new)
+
+
+def start_update(out: str, current: dict, corpus: dict) -> dict:
+    """The update to build (by the main process): the one under way in `out` if it was started for this corpus and
+    layout from the current version (resumed), else a new one (what an unfinished one of another corpus wrote,
+    which update.json names, is deleted first). Returns update.json's record."""
+    version = version_of(current) + 1
+    path = os.path.join(out, UPDATE_FILE)
+    record = _read(path)
+    if record and record.get("version") == version and record.get("corpus") == corpus:
+        return record
+    if record:
+        _remove(out, [f"v{record['version']}"])
+    record = {"version": version, "corpus": corpus, "previous": files_of(current)}
+    write_json_file(path, record)
+    return record
+
+
+def finish_update(out: str, record: dict) -> None:
+    """After the manifest names the new version: delete the previous version's files and the update's record."""
+    _remove(out, record["previous"])
+    version_dirs = {os.path.dirname(name) for name in record["previous"]} - {""}
+    for d in version_dirs:  # a version's own directory, once empty
+        if os.path.isdir(os.path.join(out, d)) and not os.listdir(os.path.join(out, d)):
+            os.rmdir(os.path.join(out, d))
+    os.remove(os.path.join(out, UPDATE_FILE))
+
+
+def recover(out: str) -> None:
+    """An update killed after its manifest was written but before the old files were deleted: finish it."""
+    record = _read(os.path.join(out, UPDATE_FILE))
+    if record and os.path.isfile(os.path.join(out, INDEX_FILE)):
+        meta = read_manifest(out, complete=False)
+        if version_of(meta) == record.get("version"):
+            finish_update(out, record)
+
+
+def update_shard_dir(out: str, version: int, rank: int) -> str:
+    return os.path.join(out, version_path(version, shard_name(rank)))
+
+
+def _read(path: str) -> dict | None:
+    return read_json(path) if os.path.isfile(path) else None
+
+
+def _remove(out: str, names: list[str]) -> None:
+    """Delete the named entries of the index `out` (each one this project wrote: a manifest or update.json names it)."""
+    for name in names:
+        path = os.path.join(out, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
