@@ -250,7 +250,8 @@ def test_a_killed_update_resumes_and_two_processes_update_as_one(retriever, tmp_
     (a, owner_a, _), (b, owner_b, _), (c, owner_c, _) = vectors_of(whole), vectors_of(killed), vectors_of(two)
     assert np.array_equal(a, b) and np.array_equal(owner_a, owner_b)
     assert np.array_equal(a, c) and np.array_equal(owner_a, owner_c)
-    assert sorted(os.listdir(killed)) == ["index.json", "v2"] and len(json.load(open(two / "index.json"))["shards"]) == 2
+    assert sorted(os.listdir(killed)) == ["index.json", "v2"]
+    assert len(json.load(open(two / "index.json"))["shards"]) == 2
 
 
 def test_overwrite_refuses_a_directory_not_written_by_this_project_and_one_holding_the_corpus(retriever, tmp_path):
