@@ -16,6 +16,10 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 
   curl -s localhost:8000/ask -H 'content-type: application/json' -d '{"question": "Who designed the lighthouse?"}'
 
+  index_corpus.py run again on the --index (documents added, changed or removed): the server sees the new manifest
+  within --index_check_seconds, loads the new version beside the one serving and swaps it in between passes: no
+  request fails, and each is answered from one version (/health gives "index_version" and "reloads").
+
 Requests that arrive within --max_wait_ms of each other are answered in one pass (up to --max_batch questions):
 under load a pass is a batch, not one question (utils/system/batcher.py; benchmarks/serve_benchmark.py measures it).
 Bad requests get a 4xx JSON error naming the field (a body over --max_body_bytes: 413, before it is read whole);
@@ -39,6 +43,7 @@ from utils.runtime.flags import arg, parse_args
 from utils.search.index import Index
 from utils.system.answer import AnswerSettings
 from utils.system.inputs import SystemConfig, build_system
+from utils.system.reload import IndexWatch
 from utils.system.server import Limits, create_app
 
 logger = logging.getLogger("qa-amp")
@@ -53,11 +58,17 @@ class ServeArgs:
     max_batch: int = arg(32, "Questions answered together in one pass (retrieval and reading batched); 1: one at a "
                              "time.")
     max_wait_ms: float = arg(5.0, "How long a pass waits for more questions to arrive before it starts.")
+    index_check_seconds: float = arg(5.0, "How often the --index manifest is checked for a new version "
+                                          "(index_corpus.py run again): it is loaded beside the one serving and "
+                                          "swapped in between passes, no request failed or answered from a mix; 0: "
+                                          "never.")
 
     def __post_init__(self):
         check_at_least_one(self, "max_batch")
         if not 0 <= self.max_wait_ms <= 1000:
             raise UserError(f"--max_wait_ms must be between 0 and 1000 (got {self.max_wait_ms})")
+        if self.index_check_seconds < 0:
+            raise UserError(f"--index_check_seconds must be 0 (never) or more (got {self.index_check_seconds})")
         if not 0 <= self.port < 65536:
             raise UserError(f"--port {self.port}: not a port")
 
@@ -91,7 +102,9 @@ def main(argv=None):
         os.kill(os.getpid(), signal.SIGTERM)
 
     threshold = "recorded" if rule.no_answer_threshold is None else rule.no_answer_threshold
-    app = create_app(load_system, limits, args.max_batch, args.max_wait_ms / 1000, threshold, on_load_failure)
+    watch = IndexWatch(config.index) if config.index else None  # before the load: an update during it is seen
+    app = create_app(load_system, limits, args.max_batch, args.max_wait_ms / 1000, threshold, on_load_failure,
+                     watch, args.index_check_seconds)
 
     # --- serve: SIGTERM/SIGINT stop taking requests and drain the ones in flight -------------------------
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",

@@ -32,13 +32,14 @@ EMOJI = "\N{WATER WAVE}"  # beyond the BMP: two UTF-16 units in JavaScript, one 
 
 class Server:
     def __init__(self, models, tmp_path, *extra, passages=f"{SAMPLE}/dpr_passages.jsonl"):
+        """`passages` None: the corpus is an --index among `extra`."""
         reader, retriever = models
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(tmp_path / f"serve-{self.port}.log", "w+")
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(ROOT, "serve.py"), "--retriever", retriever, "--reader", reader,
-             "--passages", passages, "--port", str(self.port), *map(str, extra)],
+             *(["--passages", passages] if passages else []), "--port", str(self.port), *map(str, extra)],
             cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.time() + 120
         while True:
@@ -345,6 +346,55 @@ def test_sigterm_drains_the_requests_in_flight_and_exits_0(trained_models, tmp_p
     assert s.get("/health") == (None, None)  # no longer listening
     assert "stopped after answering 16 questions" in s.output()
     s.log.close()
+
+
+def test_an_updated_index_is_picked_up_with_no_failed_request_each_answered_from_one_version(trained_models,
+                                                                                            tmp_path):
+    """index_corpus.py run again while clients ask: every request succeeds, and each is answered from one version
+    of the index (every passage it read from the old version or every one from the new: the update retitles them
+    all); the server then serves the new version, whose passages say where in their document they came from."""
+    corpus, index = tmp_path / "corpus.jsonl", tmp_path / "index"
+    rows = [json.loads(line) for line in open(f"{SAMPLE}/dpr_passages.jsonl")]
+    rows = [{**r, "document": f"notes/doc{i // 4}.txt", "passage": i % 4} for i, r in enumerate(rows)]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    build = ["--retriever", trained_models[1], "--passages", corpus, "--output_dir", index]
+    run_script("index_corpus.py", *build)
+    s = Server(trained_models, tmp_path, "--index", index, "--index_check_seconds", 0.2, passages=None)
+    try:
+        assert s.get("/health")[1]["index_version"] == 1
+        seen, stop = [], threading.Event()
+
+        def client():
+            while not stop.is_set():
+                status, body = s.ask(["Who designed the Corran lighthouse?", "When was the loom built?"], k=8)
+                seen.append((status, body))
+
+        clients = [threading.Thread(target=client) for _ in range(3)]
+        for c in clients:
+            c.start()
+        corpus.write_text("".join(json.dumps({**r, "title": r["title"] + " (revised)"}) + "\n" for r in rows))
+        run_script("index_corpus.py", *build)
+        deadline = time.time() + 60
+        while s.get("/health")[1]["index_version"] != 2:
+            assert time.time() < deadline, s.output()
+            time.sleep(0.1)
+        time.sleep(1.0)  # requests answered from the new version too
+        stop.set()
+        for c in clients:
+            c.join(timeout=60)
+        assert "reloaded the index" in s.output()
+    finally:
+        s.stop()
+    assert seen and all(status == 200 for status, _ in seen), [b for status, b in seen if status != 200][:1]
+    versions = []
+    for _, body in seen:
+        revised = {p["title"].endswith("(revised)") for a in body["answers"] for p in a["passages"]}
+        assert len(revised) == 1, "a request answered from a mix of two versions"
+        versions.append(revised.pop())
+    assert versions[0] is False and versions[-1] is True and versions == sorted(versions)
+    passage = seen[-1][1]["answers"][0]["passages"][0]
+    position = rows[[r["passage_id"] for r in rows].index(passage["passage_id"])]
+    assert passage["source"] == {"document": position["document"], "passage": position["passage"]}
 
 
 def test_a_bad_start_is_a_one_line_error_and_the_default_address_is_loopback(trained_models, tmp_path):

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from utils.errors import UserError
+from utils.files.corpus import SOURCE_FIELDS
 from utils.files.jsonfiles import write_json_file
 from utils.runtime.output_dir import read_marker, staged_directory
 from utils.search.bm25 import BM25
@@ -51,6 +52,7 @@ class Index:
         the index, and a search is a collective over every process."""
         self.shards, self.passages, self.bm25, self.built_by = shards, passages, bm25, built_by
         self.model_dir, self.distributed = built_by["model"], distributed
+        self.version = 1
 
     @property
     def count(self) -> int:
@@ -159,7 +161,9 @@ class Index:
         bm25 = BM25.load(os.path.join(directory, meta.get("bm25_dir", "bm25")), meta["passages"]) \
             if meta.get("bm25") else None
         built_by = {k: meta[k] for k in ("model", "passage_encoder", "settings", "precision")}
-        return cls(vectors, passages, bm25, built_by, distributed=share is not None and share[1] > 1)
+        index = cls(vectors, passages, bm25, built_by, distributed=share is not None and share[1] > 1)
+        index.version = meta.get("version", 1)  # an update's number (utils.retriever.index_update)
+        return index
 
 
 def manifest(built_by: dict, dtype: str, dimension: int, passages: int, shards: list[dict], bm25: bool,
@@ -198,9 +202,12 @@ def check_k(k) -> None:
 
 
 def passage_hit(passages, j: int, score) -> dict:
-    """Passage j of the corpus as a search result: {"passage_id", "title", "text", "score"}."""
+    """Passage j of the corpus as a search result: {"passage_id", "title", "text", "score"}, and "source" ({"document",
+    "passage", "page"}, those it has: where an ingested passage came from) where the corpus gives it."""
     p = passages[j]
-    return {"passage_id": p["passage_id"], "title": p["title"], "text": p["text"], "score": float(score)}
+    source = {k: p[k] for k in SOURCE_FIELDS if k in p}
+    return {"passage_id": p["passage_id"], "title": p["title"], "text": p["text"], "score": float(score),
+            **({"source": source} if source else {})}
 
 
 def ranked_passages(passages, scores, ids) -> list[list[dict]]:

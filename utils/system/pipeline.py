@@ -8,6 +8,8 @@ answer by the one rule of utils.system.answer. Each model runs with its recorded
     qa.ask("Who designed the Corran lighthouse?")                      # one question: its answer, not a list
 """
 
+import copy
+
 from utils.errors import UserError
 from utils.files.corpus import load_passages
 from utils.files.questions import question_list
@@ -61,6 +63,18 @@ class QASystem:
         if self.hybrid and self.index.bm25 is None:
             raise UserError("the index has no BM25 (built with bm25=False): give hybrid=False, or index with BM25")
         self.passages, self.bm25 = self.index.passages, None
+
+    def with_index(self, index: Index, where: str) -> "QASystem":
+        """This system over another index (a new version of its own: serve.py's reload), the models shared, not
+        loaded again; the index is checked as one given at the start (`where` names it in the errors)."""
+        if self.retriever is None:
+            raise UserError(f"{where}: a BM25 system reads passages, not an index")
+        self.retriever.check_index(index, where)
+        if self.hybrid and index.bm25 is None:
+            raise UserError(f"{where}: the index has no BM25, which this system's hybrid needs")
+        other = copy.copy(self)
+        other.index, other.passages = index, index.passages
+        return other
 
     @property
     def recorded_threshold(self) -> float | None:
@@ -118,9 +132,10 @@ class QASystem:
         return out
 
     def ask(self, questions, k=5, threshold: float | None = "recorded", unanswerable_share="system"):
-        """Per question {"answer" ("" = no answer), "passage_id", "title", "start"/"end" (character offsets in that
-        passage), "score" (None on an abstention), "null_minus_best", "passages" (the k read, with what the reader
-        found in each)}. `questions`: a list, or one string (then one answer, not a list). `k` and
+        """Per question {"answer" ("" = no answer), "passage_id", "title", "source" (where the passage came from: its
+        document, its place there, its page; None where the corpus does not say), "start"/"end" (character offsets
+        in that passage), "score" (None on an abstention), "null_minus_best", "passages" (the k read, with what the
+        reader found in each)}. `questions`: a list, or one string (then one answer, not a list). `k` and
         `unanswerable_share` (see `settings`): one value, or a list of one per question. `threshold`: default the
         reader's recorded one; None: always answer. UserError on mismatched list lengths or a bad k."""
         one = isinstance(questions, str)
@@ -150,7 +165,7 @@ def answer_of(combined: dict, threshold: float | None, passages: list[dict], rea
     start = readings[chosen]["start"] if hit else None
     end = readings[chosen]["end"] if hit else None
     return {"answer": text, "passage_id": hit and hit["passage_id"], "title": hit and hit["title"],
-            "text": hit and hit["text"], "start": start, "end": end,
+            "text": hit and hit["text"], "source": hit.get("source") if hit else None, "start": start, "end": end,
             "score": combined["score"] if hit else None, "null_minus_best": combined["null_minus_best"],
             "no_answer_probability": combined["no_answer_probability"],
             "passages": [{**p, "reading": r} for p, r in zip(passages, readings)]}

@@ -71,9 +71,10 @@ def read_gold(accelerator, system: QASystem, questions: list[dict]) -> list[list
 def write_answers(accelerator, directory: str, questions: list[dict], retrieved: list[list[dict]],
                   readings: list[list[dict]], top_k: int, setting: Setting, shared_norm: bool) -> None:
     """predictions.json ({id: answer text}, the official SQuAD v2 evaluation's input) and details.jsonl: per
-    question its answer at top_k, the passage it was taken from and its score (null on an abstention), its
-    offsets in that passage, the log ratio the threshold compares (null_minus_best), and every passage read
-    (retrieval score, best span, span and null scores, null for a passage without a span). `setting`: top_k's
+    question its answer at top_k, the passage it was taken from (and its source, where the corpus gives one) and
+    its score (null on an abstention), its offsets in that passage, the log ratio the threshold compares
+    (null_minus_best), and every passage read (retrieval score, best span, span and null scores, null for a passage
+    without a span). `setting`: top_k's
     (utils.system.measure.Setting), as applied."""
     if not accelerator.is_main_process:
         return
@@ -85,7 +86,8 @@ def write_answers(accelerator, directory: str, questions: list[dict], retrieved:
             a = answer_of(combined, threshold, passages[:top_k], reads[:top_k])
             predictions[q["id"]] = a["answer"]
             f.write(json_line({"id": q["id"], "question": q["question"], "answer": a["answer"],
-                               "passage_id": a["passage_id"], "score": a["score"], "start": a["start"],
+                               "passage_id": a["passage_id"], "source": a["source"], "score": a["score"],
+                               "start": a["start"],
                                "end": a["end"], "null_minus_best": a["null_minus_best"],
                                "no_answer_probability": a["no_answer_probability"], "top_k": top_k,
                                "rule": "question" if shared_norm else "window",

@@ -25,6 +25,7 @@ from utils.files.questions import QuestionError, question_list
 from utils.runtime.flags import arg
 from utils.system.answer import check_share
 from utils.system.batcher import Batcher
+from utils.system.reload import IndexWatch
 
 logger = logging.getLogger("qa-amp")
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page.html")
@@ -127,10 +128,10 @@ def public(a: dict, settings: dict) -> dict:
     score, passage and character offsets, its probability of no answer, the passages read with their retrieval
     scores, and the `settings` it was made with."""
     return {"answer": a["answer"] or None, "score": a["score"], "passage_id": a["passage_id"], "title": a["title"],
-            "text": a["text"], "start": a["start"], "end": a["end"],
+            "text": a["text"], "source": a["source"], "start": a["start"], "end": a["end"],
             "no_answer_probability": a["no_answer_probability"], "settings": settings,
-            "passages": [{"passage_id": p["passage_id"], "title": p["title"], "text": p["text"], "score": p["score"]}
-                         for p in a["passages"]]}
+            "passages": [{"passage_id": p["passage_id"], "title": p["title"], "text": p["text"], "score": p["score"],
+                          "source": p.get("source")} for p in a["passages"]]}
 
 
 def answer_settings(system, threshold, unanswerable_share="system") -> dict:
@@ -146,13 +147,14 @@ def answer_settings(system, threshold, unanswerable_share="system") -> dict:
 
 
 def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, threshold="recorded",
-               on_load_failure=None) -> FastAPI:
+               on_load_failure=None, watch: IndexWatch | None = None, check_seconds: float = 0) -> FastAPI:
     """`load_system()`: builds the QASystem (called once, on a thread, at start). `threshold`: QASystem.ask's.
-    `on_load_failure(message)`: what to do when loading fails (the server cannot serve)."""
-    state = {"system": None, "error": None, "started": time.time()}
+    `on_load_failure(message)`: what to do when loading fails (the server cannot serve). `watch`: the index to
+    reload when it gets a new version, checked every `check_seconds` (utils.system.reload)."""
+    state = {"system": None, "error": None, "started": time.time(), "reloads": 0}
 
     def answer_many(questions: list[str], ks: list[int], shares: list) -> list[dict]:
-        system = state["system"]
+        system = state["system"]  # taken once: the whole pass is answered from this system and its index
         settings = {share: answer_settings(system, threshold, share) for share in set(shares)}
         return [public(a, settings[share])
                 for a, share in zip(system.ask(questions, ks, threshold=threshold, unanswerable_share=shares), shares)]
@@ -171,6 +173,15 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
             state["error"] = f"{type(err).__name__}: {err}"
         if state["error"] and on_load_failure:
             on_load_failure(state["error"])
+        while watch is not None and check_seconds > 0 and not state["error"]:
+            time.sleep(check_seconds)
+            try:
+                new = watch.check(state["system"])
+            except Exception:  # noqa: BLE001 - a reload that fails keeps the version serving, and checks again
+                logger.exception("reloading the index failed")
+                continue
+            if new is not None:  # one reference replaced: the passes under way finish on the system they took
+                state["system"], state["reloads"] = new, state["reloads"] + 1
 
     @asynccontextmanager
     async def lifespan(app):
@@ -209,6 +220,8 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
         ready = state["system"] is not None
         body = {"ready": ready, "status": "ready" if ready else "failed" if state["error"] else "loading",
                 "error": state["error"], "passes": batcher.passes, "questions_answered": batcher.questions,
+                "index_version": ready and state["system"].index and state["system"].index.version or None,
+                "reloads": state["reloads"],
                 "uptime_seconds": round(time.time() - state["started"], 1)}
         return JSONResponse(body, status_code=200 if ready else 503)
 
