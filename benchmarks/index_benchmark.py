@@ -5,6 +5,8 @@ sizes with a kill and resume, on text with real lengths.
         --passages ../shared/data/dpr/passages.jsonl
     python benchmarks/index_benchmark.py scale --retriever outputs/dpr-squad \
         --passages ../shared/data/dpr/passages.jsonl
+    python benchmarks/index_benchmark.py update --retriever outputs/dpr-squad \
+        --passages ../shared/data/dpr/passages.jsonl --sizes 20000
 
 throughput: the texts the retriever embeds for the corpus (its sentence windows, or whole passages), one process,
 batch --batch_size, in one run side by side: this project's `Retriever.encode_passages` (tokenised once, longest
@@ -19,7 +21,13 @@ time, so lengths are real; index_corpus.py runs on each in its own process and i
 GNU time's %M) with --bm25 false: the dense index, the job whose memory must not grow with the corpus. BM25, which
 index_corpus.py --bm25 builds at the end over the whole corpus in memory, is built apart at each size (its own
 peak RSS). At the largest size a second build is SIGKILLed half way and resumed, and its vectors compared with the
-uninterrupted build's. Writes index_<throughput|scale>_cpu.json to --out.
+uninterrupted build's.
+
+update: the corpus repeated under new titles to --sizes[0] passages (each copy of an article a document), indexed
+from scratch (with BM25, as the hybrid needs); then 1% of the documents changed (a sentence added to each of their
+passages) and the same index_corpus.py command run again, against a build from scratch of the changed corpus: both
+timed as whole commands, the vectors the update kept compared bit for bit with the first build's, and the two
+indexes' hybrid top-10 for the DPR dev questions (--questions) compared. Writes index_<what>_cpu.json to --out.
 """
 
 import argparse
@@ -106,13 +114,13 @@ def make_corpus(source: str, size: int, path: str, seed: int = 0) -> None:
                                 "passage_id": f"p{i}"}) + "\n")
 
 
-def index_run(args, corpus: str, out: str, kill_at: int | None = None) -> dict:
+def index_run(args, corpus: str, out: str, kill_at: int | None = None, bm25: bool = False) -> dict:
     """index_corpus.py on `corpus` in a child; (seconds, peak RSS MB of the child). `kill_at`: SIGKILL it once
     that many chunks are recorded."""
     peak_file = out.rstrip("/") + ".peak"
     cmd = ["/usr/bin/time", "-o", peak_file, "-f", "%M", sys.executable, os.path.join(ROOT, "index_corpus.py"),
            "--retriever", args.retriever, "--passages", corpus, "--output_dir", out, "--chunk_passages",
-           str(args.chunk_passages), "--batch_size", str(args.batch_size), "--bm25", "false"]
+           str(args.chunk_passages), "--batch_size", str(args.batch_size), "--bm25", str(bm25).lower()]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     if kill_at is not None:
@@ -191,18 +199,75 @@ def scale(args) -> dict:
                                      "resume_seconds": resumed["seconds"], "identical_vectors": bool(same)}}
 
 
+def repeated_corpus(source: str, size: int, path: str) -> list[dict]:
+    """The source corpus repeated under new titles to `size` passages; copy r of an article is document "r/title"."""
+    rows, base = [], load_passages(source)
+    while len(rows) < size:
+        r = len(rows) // len(base)
+        rows += [{"passage_id": f"{p['passage_id']}@{r}", "title": f"{p['title']} ({r})", "text": p["text"],
+                  "document": f"{r}/{p['title']}"} for p in base[:size - len(rows)]]
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(p, ensure_ascii=False) + "\n" for p in rows)
+    return rows
+
+
+def by_id(directory: str) -> dict:
+    index = Index.load(directory)
+    out = {}
+    for v in index.shards:
+        for j in range(v.count):
+            out[index.passages[v.offset + j]["passage_id"]] = np.asarray(v.embeddings[v.starts[j]:v.starts[j + 1]])
+    return out
+
+
+def update(args) -> dict:
+    if os.path.exists(args.work) and os.listdir(args.work) and not os.path.exists(os.path.join(args.work, MARK)):
+        raise SystemExit(f"--work {args.work} holds files this benchmark did not write: give an empty or new directory")
+    os.makedirs(args.work, exist_ok=True)
+    open(os.path.join(args.work, MARK), "w").close()
+    corpus, index, rebuilt = (os.path.join(args.work, n) for n in ("update-corpus.jsonl", "updated", "rebuilt"))
+    rows = repeated_corpus(args.passages, args.sizes[0], corpus)
+    for d in (index, rebuilt):
+        fresh(d)
+    first = index_run(args, corpus, index, bm25=True)
+    before = by_id(index)
+    documents = sorted({p["document"] for p in rows})
+    rng = np.random.default_rng(0)
+    changed = set(rng.choice(documents, size=max(1, round(len(documents) / 100)), replace=False).tolist())
+    rows = [{**p, "text": p["text"] + " This paragraph was revised."} if p["document"] in changed else p for p in rows]
+    with open(corpus, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(p, ensure_ascii=False) + "\n" for p in rows)
+    updated = index_run(args, corpus, index, bm25=True)
+    rebuild = index_run(args, corpus, rebuilt, bm25=True)
+    meta = json.load(open(os.path.join(index, "index.json")))
+    after = by_id(index)
+    kept = [p["passage_id"] for p in rows if p["document"] not in changed]
+    retriever = Retriever(args.retriever, device="cpu")
+    questions = [q["question"] for q in json.load(open(args.questions))]
+    a, b = (retriever.search(Index.load(d), questions, k=10, hybrid=True) for d in (index, rebuilt))
+    same = sum([h["passage_id"] for h in x] == [h["passage_id"] for h in y] for x, y in zip(a, b))
+    gap = max(abs(h["score"] - g["score"]) for x, y in zip(a, b) for h, g in zip(x, y))
+    return {"passages": len(rows), "documents": len(documents), "documents_changed": len(changed),
+            "passages_changed": sum(p["document"] in changed for p in rows), "embedded_by_update": meta["embedded"],
+            "first_build": first, "update": updated, "rebuild": rebuild,
+            "update_share_of_rebuild": round(updated["seconds"] / rebuild["seconds"], 4),
+            "kept_bit_for_bit": all(np.array_equal(before[k], after[k]) for k in kept), "kept": len(kept),
+            "questions": len(questions), "same_top10_ids": same, "max_score_gap": gap}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=["throughput", "scale"])
+    p.add_argument("what", choices=["throughput", "scale", "update"])
     p.add_argument("--retriever", required=True)
     p.add_argument("--passages", required=True)
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--sizes", type=int, nargs="+", default=[20_000, 200_000])
     p.add_argument("--chunk_passages", type=int, default=4096)
     p.add_argument("--work", default="/tmp/index-benchmark")
+    p.add_argument("--questions", default=os.path.join(ROOT, "..", "shared", "data", "dpr", "dev.json"))
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = p.parse_args()
-    result = throughput(args) if args.what == "throughput" else scale(args)
+    result = {"throughput": throughput, "scale": scale, "update": update}[args.what](args)
     result["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     os.makedirs(args.out, exist_ok=True)
     name = f"index_{args.what}_cpu"
