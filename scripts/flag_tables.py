@@ -12,6 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import index_corpus  # noqa: E402
+import ingest_documents  # noqa: E402
 import qa_system  # noqa: E402
 import serve  # noqa: E402
 import train_dpr  # noqa: E402
@@ -22,6 +23,7 @@ from utils.runtime.flags import packaged_minilm  # noqa: E402
 INTROS = {"shared": "Shared flags (both scripts):", "reader": "Reader flags:",
           "dpr": "DPR flags (plus the shared flags above):", "qa": "QA system flags (`qa_system.py`, its own):",
           "serve": "Server flags (`serve.py`, its own):", "index": "Index flags (`index_corpus.py`, its own):",
+          "ingest": "Documents to passages flags (`ingest_documents.py`, its own):",
           "make_dpr_data": "SQuAD -> DPR converter flags (`make_dpr_data.py`, its own):"}
 
 
@@ -72,7 +74,8 @@ def tables() -> dict[str, str]:
     own = lambda script: [f for f in flags(script) if f.name not in {g.name for g in shared}]  # noqa: E731
     return {INTROS["shared"]: table(shared), INTROS["reader"]: table(own(train_reader)),
             INTROS["dpr"]: table(own(train_dpr)), INTROS["qa"]: table(flags(qa_system)),
-            INTROS["serve"]: table(flags(serve)), INTROS["index"]: table(flags(index_corpus)),
+            INTROS["serve"]: table(flags(serve)), INTROS["ingest"]: table(flags(ingest_documents)),
+            INTROS["index"]: table(flags(index_corpus)),
             INTROS["make_dpr_data"]: argparse_table(make_dpr_data_arguments())}
 
 

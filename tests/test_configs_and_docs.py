@@ -60,13 +60,14 @@ def flag_names(script) -> list[str]:
 
 def test_every_flag_is_declared_once_and_in_the_table_of_the_script_that_has_it():
     import index_corpus
+    import ingest_documents
     import qa_system
     import serve
     import train_dpr
     import train_reader
     from make_dpr_data import arguments
 
-    scripts = (train_reader, train_dpr, qa_system, serve, index_corpus)
+    scripts = (train_reader, train_dpr, qa_system, serve, index_corpus, ingest_documents)
     for script in scripts:  # one declaration per setting: no two of a script's configs share a field
         assert len(set(flag_names(script))) == len(flag_names(script)), script.__name__
     tables = flag_tables(open(f"{ROOT}/docs/FLAGS.md").read())
@@ -78,6 +79,7 @@ def test_every_flag_is_declared_once_and_in_the_table_of_the_script_that_has_it(
             "QA system flags (`qa_system.py`, its own):": set(flag_names(qa_system)),
             "Server flags (`serve.py`, its own):": set(flag_names(serve)),
             "Index flags (`index_corpus.py`, its own):": set(flag_names(index_corpus)),
+            "Documents to passages flags (`ingest_documents.py`, its own):": set(flag_names(ingest_documents)),
             "SQuAD -> DPR converter flags (`make_dpr_data.py`, its own):": {
                 a.dest for a in arguments()._actions if a.option_strings and a.dest != "help"}}
     assert {intro: sorted(tables.get(intro, [])) for intro in want} == {k: sorted(v) for k, v in want.items()}

@@ -1,0 +1,98 @@
+"""Documents to passages: folders of text, Markdown, HTML and PDF files into the corpus the other scripts read.
+
+Runbook (from the repository root, after `pip install -r requirements.txt`):
+
+  python ingest_documents.py --documents docs/ notes.md report.pdf --output corpus.jsonl
+      Reads every file under each folder (hidden ones left out) and each file given, one document at a time
+      (utils/files/documents.py: each format's reader and title), cuts each into passages (utils/splitting.py) and
+      writes JSON lines {passage_id, title, text, document, passage, page} for index_corpus.py --passages and
+      qa_system.py --passages. The whole file or nothing: an earlier --output stays as it was until the run ends.
+
+Names and ids, the same on every run: a file under a folder given is named by its path under it ("guide/intro.md"),
+a file given itself by its base name; its passages are NAME#0, NAME#1, ... (`passage`: that number; `page`: a PDF's
+page the passage starts on). Documents are written in the order of their names: the same files, the same bytes.
+A passage is whole sentences up to --max_words, starting with the previous one's last sentences of up to
+--overlap_words.
+
+Refused in one line naming the file: a type other than txt, md, html, pdf; a binary file; a file without text; a PDF
+without a text layer, locked by a password or unreadable; two documents of one name; an --output that is a folder,
+lies in a folder given or is a file given. A bad file stops the run; --skip_bad_files leaves it out and lists it
+(a name given twice is refused even so: two documents would share their passages' ids).
+"""
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from utils.errors import UserError, exit_on_user_error
+from utils.files.documents import document_files, read_document
+from utils.files.jsonfiles import write_json_lines
+from utils.runtime.flags import arg, parse_args
+from utils.splitting import SplitConfig, split_passages
+
+
+@dataclass(frozen=True)
+class IngestArgs:
+    documents: Optional[list[str]] = arg(None, "Folders (all of their files, hidden ones left out) and files to "
+                                               "ingest: .txt, .md, .html, .pdf.")
+    output: str = arg(None, "The corpus to write (.jsonl), whole or not at all.")
+    skip_bad_files: bool = arg(False, "Leave out a file that cannot be ingested (listed at the end) instead of "
+                                      "stopping at it; two documents of one name stop the run even so.")
+
+    def __post_init__(self):
+        if not self.documents or not self.output:
+            raise UserError("give --documents (folders and files) and --output (the corpus to write, .jsonl)")
+        if not self.output.endswith(".jsonl"):
+            raise UserError(f"--output {self.output}: give a .jsonl file (the corpus is JSON lines)")
+        if os.path.isdir(self.output):
+            raise UserError(f"--output {self.output}: is a directory, not a file")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(self.output))):
+            raise UserError(f"--output {self.output}: no such directory {os.path.dirname(self.output)}")
+        output = os.path.realpath(self.output)
+        for given in map(os.path.realpath, self.documents):
+            if given == output or os.path.isdir(given) and os.path.commonpath([given, output]) == given:
+                raise UserError(f"--output {self.output}: is one of the --documents or inside one of their folders "
+                                "(it would be ingested with them)")
+
+
+FLAGS = (IngestArgs, SplitConfig)
+
+
+def passages(args: IngestArgs, split: SplitConfig, files: list[tuple[str, str]], counts: dict):
+    """The rows of the corpus, document after document; `counts` tallies what was read and skipped."""
+    for name, path in files:
+        try:
+            document = read_document(path, name)
+        except UserError as err:
+            if not args.skip_bad_files:
+                raise
+            counts["skipped"].append(str(err))
+            continue
+        counts["documents"] += 1
+        counts["pages"] += document.pages
+        counts["bytes"] += os.path.getsize(path)
+        for n, (text, page) in enumerate(split_passages(document.blocks, split)):
+            yield {"passage_id": f"{name}#{n}", "title": document.title, "text": text, "document": name,
+                   "passage": n, **({"page": page} if page is not None else {})}
+    for line in counts["skipped"]:
+        print(f"skipped: {line}", file=sys.stderr)
+    if not counts["documents"]:
+        raise UserError(f"no document could be read ({len(counts['skipped'])} skipped): nothing written")
+
+
+@exit_on_user_error
+def main(argv=None):
+    args, split = parse_args(FLAGS, argv)
+    files = document_files(args.documents)
+    counts, start = {"documents": 0, "pages": 0, "bytes": 0, "skipped": []}, time.perf_counter()
+    written = write_json_lines(args.output, passages(args, split, files, counts))
+    seconds = max(time.perf_counter() - start, 1e-9)
+    print(f"{args.output}: {counts['documents']} documents, {written} passages ({len(counts['skipped'])} skipped) "
+          f"in {seconds:.1f} s ({counts['pages'] / seconds:.1f} pages/s, {counts['bytes'] / 1e6 / seconds:.2f} MB/s "
+          "read; a PDF counts its pages, any other document one)")
+
+
+if __name__ == "__main__":
+    main()
