@@ -212,6 +212,36 @@ def test_an_update_embeds_only_what_changed_keeps_the_rest_bit_for_bit_and_searc
     assert [p["passage_id"] for p in Index.load(str(out)).passages] == [r["passage_id"] for r in rows[:20]]
 
 
+def test_a_folder_of_documents_changed_added_and_removed_reembeds_only_their_passages(retriever, tmp_path):
+    """The README's third workflow run twice: ingest a folder, index it; then one document edited, one added, one
+    deleted, and the same two commands: the update embeds exactly the passages of the edited and the added
+    documents (counted), and the index holds the folder as it is now, each passage naming its document."""
+    docs, corpus, out = tmp_path / "docs", tmp_path / "corpus.jsonl", tmp_path / "index"
+    docs.mkdir()
+    rows = [json.loads(line) for line in open(f"{SAMPLE}/dpr_passages.jsonl")]
+    for i in range(0, 30, 6):  # 5 documents of 6 paragraphs each
+        text = "\n\n".join(r["text"] for r in rows[i:i + 6])
+        (docs / f"doc{i // 6}.md").write_text(f"# {rows[i]['title']}\n\n{text}")
+    steps = (["ingest_documents.py", "--documents", docs, "--output", corpus, "--max_words", 40],
+             ["index_corpus.py", *index_args(retriever, out, corpus=corpus)])
+    for step in steps:
+        run_script(*step)
+    first = {p["passage_id"]: p for p in map(json.loads, open(corpus))}
+    (docs / "doc1.md").write_text((docs / "doc1.md").read_text() + "\n\nThe mill was rebuilt in 1901.")
+    (docs / "doc2.md").unlink()
+    (docs / "new.md").write_text("# Tide mills\n\nA tide mill turns with the tide. It was built in 1790.")
+    proc = [run_script(*step) for step in steps][-1]
+    now = [json.loads(line) for line in open(corpus)]
+    fresh = [p for p in now if p["document"] in ("doc1.md", "new.md")]
+    changed = [p for p in fresh if first.get(p["passage_id"], {}).get("text") != p["text"]]
+    assert 0 < len(changed) < len(fresh)  # the edit at the end of doc1 changes its last passage only
+    assert f"{len(changed)} passages embedded" in proc.stdout
+    index = Index.load(str(out))
+    assert list(index.passages) == now and not any(p["document"] == "doc2.md" for p in now)
+    hit = Retriever(retriever, device="cpu").search(index, ["When was the tide mill built?"], k=len(now))[0]
+    assert {h["source"]["document"] for h in hit} == {"doc0.md", "doc1.md", "doc3.md", "doc4.md", "new.md"}
+
+
 def test_a_killed_update_resumes_and_two_processes_update_as_one(retriever, tmp_path):
     """Killed while embedding, the index still serves its previous version whole; the same command then finishes
     the update, equal (vector for vector) to an uninterrupted one and to one made by 2 processes."""
