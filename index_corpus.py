@@ -16,6 +16,12 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
   its recorded end is cut off), and the result equals an uninterrupted run's. A corpus or retriever that changed
   since, another dtype or another number of processes is refused, not mixed in.
 
+  Run again on a complete index after the corpus changed (documents added, changed or removed, then
+  ingest_documents.py again): the index is updated, not rebuilt. Passages whose title and text are unchanged keep
+  their vectors bit for bit, only the others are embedded, and BM25 is built again
+  (utils/retriever/index_update.py). The new version is published in one rename and a running serve.py picks it up.
+  The same corpus again: up to date, nothing written.
+
 Skeleton: setup -> data (the corpus checked, shard by shard, before anything is written: every passage as the one
 corpus loader checks it, every id unique across the whole corpus) -> the output directory -> embed (chunks of
 --chunk_passages; it holds one chunk, whatever the corpus size) -> finish (the manifest, BM25 if asked).

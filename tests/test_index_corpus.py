@@ -92,23 +92,27 @@ def test_the_index_read_from_disk_is_searched_as_in_memory_across_many_blocks(re
         assert np.array_equal(got[1], want[1]) and np.array_equal(got[0], want[0])
 
 
-def test_a_killed_build_resumes_to_the_uninterrupted_index(retriever, tmp_path):
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    run_script("index_corpus.py", *index_args(retriever, whole, "--chunk_passages", 1))
-    cmd = [sys.executable, os.path.join(ROOT, "index_corpus.py"), *map(str, index_args(retriever, killed,
-                                                                                       "--chunk_passages", 1))]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    progress = killed / "shard-00000" / "progress.json"
+def killed_after_chunks(args, shard, chunks: int, env=None) -> None:
+    """index_corpus.py with `args` in a child, SIGKILLed once its `shard` has recorded `chunks` chunks."""
+    cmd = [sys.executable, os.path.join(ROOT, "index_corpus.py"), *map(str, args)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, **(env or {})})
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         try:
-            if len(json.load(open(progress))["chunks"]) >= 5:
+            if len(json.load(open(shard / "progress.json"))["chunks"]) >= chunks:
                 break
         except (OSError, ValueError):
             pass
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the build finished before it could be killed"
+    assert proc.wait() == -signal.SIGKILL, "the job finished before it could be killed"
+
+
+def test_a_killed_build_resumes_to_the_uninterrupted_index(retriever, tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    run_script("index_corpus.py", *index_args(retriever, whole, "--chunk_passages", 1))
+    killed_after_chunks(index_args(retriever, killed, "--chunk_passages", 1), killed / "shard-00000", 5)
     assert not json.load(open(killed / "index.json"))["complete"]
     with pytest.raises(Exception, match="not complete"):
         Index.load(str(killed))
@@ -256,22 +260,8 @@ def test_a_killed_update_resumes_and_two_processes_update_as_one(retriever, tmp_
     for d in (whole, killed, two):
         shutil.copytree(base, d)
     run_script("index_corpus.py", *index_args(retriever, whole, "--chunk_passages", 1, corpus=corpus), env=ONE_THREAD)
-    cmd = [sys.executable, os.path.join(ROOT, "index_corpus.py"), *map(str, index_args(retriever, killed,
-                                                                                       "--chunk_passages", 1,
-                                                                                       corpus=corpus))]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, **ONE_THREAD})
-    progress = killed / "v2" / "shard-00000" / "progress.json"
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            if len(json.load(open(progress))["chunks"]) >= 5:
-                break
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the update finished before it could be killed"
+    killed_after_chunks(index_args(retriever, killed, "--chunk_passages", 1, corpus=corpus), killed / "v2" /
+                        "shard-00000", 5, env=ONE_THREAD)
     assert by_passage(killed).keys() == by_passage(base).keys()  # the previous version, whole
     proc = run_script("index_corpus.py", *index_args(retriever, killed, "--chunk_passages", 1, corpus=corpus),
                       env=ONE_THREAD)
