@@ -40,8 +40,9 @@ def files_of(meta: dict) -> list[str]:
 
 
 class PreviousVectors:
-    """The vectors of the index an update starts from, found by their passage's content key. Holds 16 bytes a
-    passage (the keys, sorted) and maps the shards where they lie: no vector is read that is not copied."""
+    """The vectors of the index an update starts from, found by their passage's content key. Holds 32 bytes a
+    passage (its key, 16, and the keys' sorted order) and maps the shards where they lie: no vector is read that is
+    not copied."""
 
     def __init__(self, directory: str, meta: dict):
         self.shards, keys = [], []
