@@ -10,9 +10,9 @@ the title as metadata and heading, the same headings and paragraphs, in DejaVu S
 glyph), Markdown and plain text. ingest: ingest_documents.py on each format's folder, in a child (seconds with the
 interpreter's start, peak RSS by GNU time, and the script's own line: pages and MB per second of its reading), once
 for the articles and once for --speed_copies copies of each (the speed). qa (with --retriever and --reader): the
-rest of the corpus (--corpus) with the ingested passages, indexed by qa_system.py, and qa_system.py on the articles' questions tuned on --validation_file
-over the same corpus, as docs/RESULTS.md runs it on the prepared corpus (--prepared): F1 and recall at each k of each
-corpus. Writes documents_cpu.json to --out.
+rest of the corpus (--corpus) with the ingested passages, indexed by qa_system.py, and qa_system.py on the
+articles' questions tuned on --validation_file over the same corpus, as docs/RESULTS.md runs it on the prepared
+corpus (--prepared): F1 and recall at each k of each corpus. Writes documents_cpu.json to --out.
 """
 
 import argparse
