@@ -19,7 +19,8 @@ import shutil
 import numpy as np
 
 from utils.files.jsonfiles import read_json, write_json_file
-from utils.search.index_format import INDEX_FILE, content_keys, map_shard, read_manifest, shard_keys, shard_name
+from utils.search.index_format import (INDEX_FILE, bm25_dir, content_keys, map_shard, read_manifest, shard_keys,
+                                       shard_name)
 from utils.search.vectors import Vectors
 
 UPDATE_FILE = "update.json"
@@ -36,7 +37,7 @@ def version_path(version: int, name: str) -> str:
 
 def files_of(meta: dict) -> list[str]:
     """The directories of an index version that its manifest names (its shards, its BM25)."""
-    return [s["dir"] for s in meta["shards"]] + ([meta.get("bm25_dir", "bm25")] if meta.get("bm25") else [])
+    return [s["dir"] for s in meta["shards"]] + ([bm25_dir(meta)] if meta.get("bm25") else [])
 
 
 class PreviousVectors:

@@ -33,7 +33,7 @@ from utils.runtime.output_dir import read_marker, staged_directory
 from utils.search.bm25 import BM25
 from utils.search.exact import score_shards, search_shards
 from utils.search.fusion import gather_candidates, hybrid_ranking
-from utils.search.index_format import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, content_hash,
+from utils.search.index_format import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, bm25_dir, content_hash,
                                        holds_index_manifest, map_shard, read_manifest, shard_name)
 from utils.search.shards import shard as share_of
 from utils.search.vectors import Vectors
@@ -158,8 +158,7 @@ class Index:
                 except ValueError as err:
                     raise UserError(f"{directory}: {s['dir']}: {err}") from None
         passages = PassageStore(parts, [s["first"] for s in shards])
-        bm25 = BM25.load(os.path.join(directory, meta.get("bm25_dir", "bm25")), meta["passages"]) \
-            if meta.get("bm25") else None
+        bm25 = BM25.load(os.path.join(directory, bm25_dir(meta)), meta["passages"]) if meta.get("bm25") else None
         built_by = {k: meta[k] for k in ("model", "passage_encoder", "settings", "precision")}
         index = cls(vectors, passages, bm25, built_by, distributed=share is not None and share[1] > 1)
         index.version = meta.get("version", 1)  # an update's number (utils.retriever.index_update)

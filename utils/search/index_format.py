@@ -38,6 +38,11 @@ def shard_name(i: int) -> str:
     return f"shard-{i:05d}"
 
 
+def bm25_dir(meta: dict) -> str:
+    """Where an index's BM25 is, relative to it: its version's (the first version's at the top, as before updates)."""
+    return meta.get("bm25_dir", "bm25")
+
+
 def holds_index_manifest(directory: str) -> bool:
     """Whether `directory` holds an index manifest of this project (of any format version: an index to build
     again is still ours): index.json parses to an object with "format" and every field `read_manifest` needs. A
