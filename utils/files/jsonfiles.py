@@ -5,10 +5,9 @@ end at "\n" only, as JSON lines defines them (U+2028, U+2029 and U+0085, which s
 legal raw inside a JSON string), and a line of JSON whitespace only is blank, skipped but counted. Writing: strict
 JSON, which most JSON readers require: Python's json would write Infinity and NaN for numbers that are not finite;
 they are written as null. Every JSON file of the project is written by `write_json_file`, a JSON-lines corpus by
-`write_json_lines`, both by one atomic writer: to a temporary name, flushed to disk, renamed into place, so that a
-reader (or a resumed job after a crash) never sees half a file."""
+`write_json_lines`, both by the one atomic writer (utils.runtime.atomic), so that a reader (or a resumed job after a
+crash) never sees half a file."""
 
-import contextlib
 import json
 import math
 import os
@@ -16,6 +15,7 @@ import os
 import numpy as np
 
 from utils.errors import UserError
+from utils.runtime.atomic import atomic_file
 
 
 def read_json(path: str, line_numbers: bool = False):
@@ -99,35 +99,17 @@ def json_line(obj) -> str:
     return json.dumps(json_safe(obj), allow_nan=False, ensure_ascii=False)
 
 
-@contextlib.contextmanager
-def _atomic(path: str):
-    """A text file written in place of `path` as a whole or not at all: to path + ".tmp", made durable (fsync: a
-    manifest or progress record must not vouch for data a power cut loses), renamed into place; on any exception
-    (Ctrl-C included) the temporary file is removed and `path` is left as it was."""
-    temporary = path + ".tmp"
-    try:
-        with open(temporary, "w", encoding="utf-8") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temporary)
-        raise
-
-
 def write_json_file(path: str, obj) -> None:
-    """The one JSON writer: strict JSON (non-finite numbers as null), written atomically (`_atomic`)."""
-    with _atomic(path) as f:
+    """The one JSON writer: strict JSON (non-finite numbers as null), written atomically (utils.runtime.atomic)."""
+    with atomic_file(path) as f:
         json.dump(json_safe(obj), f, indent=1, ensure_ascii=False, allow_nan=False)
 
 
 def write_json_lines(path: str, rows) -> int:
     """Rows (an iterable of dicts, consumed as a stream: never held together) as JSON lines (`json_line`), written
-    atomically (`_atomic`): an exception while the rows are made leaves `path` as it was. Returns the rows written."""
+    atomically (utils.runtime.atomic): an exception while the rows are made leaves `path` as it was. Returns the rows written."""
     count = 0
-    with _atomic(path) as f:
+    with atomic_file(path) as f:
         for row in rows:
             f.write(json_line(row) + "\n")
             count += 1

@@ -27,6 +27,7 @@ from utils.loop.checkpoints import (checkpoint_dir, list_checkpoints, replace_di
 from utils.loop.config import LoopConfig
 from utils.loop.optim import optimizer_step
 from utils.loop.task import Task
+from utils.runtime.atomic import atomic_file
 from utils.runtime.process import bare_model, full_state_dict, tracker_config
 
 logger = logging.getLogger("qa-amp")
@@ -155,9 +156,8 @@ def trim_log(path: str, step: int) -> None:
         return
     with open(path) as f:
         kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-    with open(path + ".tmp", "w") as f:
+    with atomic_file(path) as f:
         f.writelines(kept)
-    os.replace(path + ".tmp", path)
 
 
 def _fit(accelerator, config: LoopConfig, task, model, optimizer, scheduler, train_loader, plan, state, best_dir,

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from accelerate.utils import broadcast_object_list
 
 from utils.errors import UserError
+from utils.runtime.atomic import atomic_file
 
 MARKER = ".qa-amp.json"
 CHECKPOINTS = "checkpoints"
@@ -49,9 +50,8 @@ def read_marker(directory: str) -> dict | None:
 
 
 def write_marker(directory: str, script: str, state: str) -> None:
-    with open(os.path.join(directory, MARKER + ".tmp"), "w") as f:
+    with atomic_file(os.path.join(directory, MARKER)) as f:
         json.dump({"script": script, "state": state}, f)
-    os.replace(os.path.join(directory, MARKER + ".tmp"), os.path.join(directory, MARKER))
 
 
 def script_name() -> str:
