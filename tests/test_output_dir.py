@@ -278,3 +278,18 @@ def test_a_resume_must_share_what_teaches_the_run_a_model_known_by_its_weights(t
             check_resume_fixed(out, "latest", fixed)
     (step / "loop_state.json").write_text(json.dumps({"step": 4}))
     check_resume_fixed(out, str(step), {"teacher": None})
+
+
+def test_a_checkpoint_whose_loop_state_cannot_be_read_is_refused_not_resumed_unchecked(tmp_path):
+    """check_resume_fixed skipped its check when loop_state.json could not be read: a damaged checkpoint was resumed
+    with whatever it had learnt from, unchecked."""
+    step = tmp_path / "out" / "checkpoints" / "step_4"
+    step.mkdir(parents=True)
+    for damaged, reason in (('{"step": 4, "fix', "not JSON"), ("[4]", "not a JSON object"),
+                            (None, "No such file or directory")):
+        if damaged is None:
+            (step / "loop_state.json").unlink()
+        else:
+            (step / "loop_state.json").write_text(damaged)
+        with pytest.raises(UserError, match=f"step_4: loop_state.json .*{reason}.*the checkpoint is damaged"):
+            check_resume_fixed(str(tmp_path / "out"), "latest", {"teacher": None})

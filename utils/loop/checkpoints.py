@@ -45,15 +45,21 @@ def check_resume_fixed(output_dir: str, want: str | None, fixed: dict) -> None:
     """Refuse (one line naming the flag) to resume a checkpoint whose run recorded other `fixed` settings (run's
     `fixed`, utils.loop.run): a run resumed with another teacher, or none, would go on learning from something else
     than it started with, or die deep in Accelerate's load_state. A checkpoint that recorded none (an older version)
-    is not checked."""
+    is not checked; one whose loop_state.json cannot be read is refused: what it would resume is unknown."""
     path = resolve_resume(output_dir, want)
     if not path:
         return
     try:
         with open(os.path.join(path, "loop_state.json")) as f:
-            recorded = json.load(f).get("fixed")
-    except (OSError, ValueError, AttributeError):
-        return
+            state = json.load(f)
+    except (OSError, ValueError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else f"not JSON: {err}"
+        raise UserError(f"{path}: loop_state.json cannot be read ({reason}): the checkpoint is damaged; resume "
+                        "another one (--resume_from_checkpoint PATH) or start over in another --output_dir") from None
+    if not isinstance(state, dict):
+        raise UserError(f"{path}: loop_state.json is not a JSON object: the checkpoint is damaged; resume another "
+                        "one (--resume_from_checkpoint PATH) or start over in another --output_dir")
+    recorded = state.get("fixed")
     if not isinstance(recorded, dict):
         return
     for flag in list(recorded) + [k for k in fixed if k not in recorded]:  # the model first, as recorded
