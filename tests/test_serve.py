@@ -190,12 +190,33 @@ def test_a_request_that_gives_the_share_is_answered_at_its_moved_cut(server, exp
     (json.dumps({"question": ["Who?"] * 17}).encode(), 413, "question"),
     (b'{"question": "Who built \\ud800 it?"}', 422, "question"),
     (b'{"question": ["Who?", "\\udc00"]}', 422, "question[1]"),
+    ('{"question": "Who built the caf\u00e9?"}'.encode("latin-1"), 422, "body"),
+    (b"[" * 100_000 + b"]" * 100_000, 422, "body"),
+    (b'{"a": ' * 100_000 + b"1" + b"}" * 100_000, 422, "body"),
+    (json.dumps({"question": "Who?", "k": "5"}).encode(), 422, "k"),
+    (json.dumps({"question": "Who?", "k": True}).encode(), 422, "k"),
+    (json.dumps({"question": "Who?", "k": 5.0}).encode(), 422, "k"),
+    (json.dumps({"question": "Who?", "unanswerable_share": "0.3"}).encode(), 422, "unanswerable_share"),
+    (json.dumps({"question": "Who?", "unanswerable_share": True}).encode(), 422, "unanswerable_share"),
+    (json.dumps({"question": "Who?", "top_k": 5}).encode(), 422, "top_k"),
 ], ids=["malformed", "not-an-object", "missing", "empty", "empty-in-list", "not-a-string", "too-long", "k-0", "k-21",
-        "k-text", "share-0", "share-above-1", "share-text", "too-many", "lone-surrogate", "lone-surrogate-in-list"])
+        "k-text", "share-0", "share-above-1", "share-text", "too-many", "lone-surrogate", "lone-surrogate-in-list",
+        "not-utf8", "nested-100k-lists", "nested-100k-objects", "k-string", "k-true", "k-float",
+        "share-string", "share-true", "unknown-field"])
 def test_bad_requests_are_4xx_naming_the_field_and_the_server_keeps_serving(server, request_body, status, field):
+    """Every refusal in the documented shape, the field named once ("k: must be ...", not "k: k must be ..."):
+    a body that is not UTF-8 JSON or nested too deeply to parse (which must not take the server down) as much as a
+    field of the wrong JSON type ("5", true or 5.0 for k: strict, never read as 5 or 1) or one /ask does not take."""
     got, body = server.request("/ask", raw=request_body)
-    assert got == status and body["field"] == field and body["error"].startswith(field), body
+    assert got == status and body["field"] == field and body["error"].startswith(f"{field}: "), body
+    assert not body["error"].removeprefix(f"{field}: ").startswith(field), body
     assert server.ask("Who designed the Corran lighthouse?")[0] == 200
+
+
+def test_every_error_of_the_app_is_in_the_documented_shape(server):
+    """FastAPI's own errors too: a path the app does not serve, a method /ask does not take."""
+    assert server.get("/nowhere") == (404, {"error": "Not Found", "field": None})
+    assert server.get("/ask") == (405, {"error": "Method Not Allowed", "field": None})
 
 
 @pytest.mark.parametrize("questions, limits", [(["Who?", "  "], {}), ("   ", {}),
@@ -325,7 +346,7 @@ def test_the_page_shows_the_answer_highlighted_in_its_passage(server, expected, 
         page.fill("#k", "50")  # beyond --max_k: the error in words
         page.click("button[type=submit]")
         page.wait_for_function("document.querySelector('#error').textContent.length > 0")
-        assert "k must be between 1 and 20" in page.inner_text("#error")
+        assert "k: must be between 1 and 20" in page.inner_text("#error")
         browser.close()
 
 

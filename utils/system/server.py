@@ -4,7 +4,10 @@ The app loads the models and the index once, on a thread of its own, so that `/h
 while they load; `/ask` then answers through the micro-batcher (utils.system.batcher), with exactly
 `QASystem.ask`'s rule, threshold and settings. Every bad request is a 4xx JSON error naming the field
 (`{"error": ..., "field": ...}`) and never reaches the models; a request the system fails on anyway fails alone
-(the batcher answers the others of its pass without it), as a JSON error too.
+(the batcher answers the others of its pass without it), as a JSON error too. Every error the app answers,
+FastAPI's own included (a body that is not JSON in UTF-8, or nested too deeply to parse; a path it does not serve),
+has that shape. A request's fields have strict JSON types (`k` an integer: not "5", 5.0 or true; the share a
+number: not "0.3" or true), and a field /ask does not take (a misspelt "top_k") is refused, not ignored.
 """
 
 import asyncio
@@ -18,7 +21,8 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 
 from utils.errors import UserError, check_at_least_one
 from utils.files.questions import QuestionError, question_list
@@ -29,9 +33,19 @@ from utils.system.reload import IndexWatch
 
 logger = logging.getLogger("qa-amp")
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page.html")
+EXAMPLE = '{"question": "...", "k": 5}'
+# What a field of the wrong type must be, in words: the field is named once, before it, in the error
+FIELD_TYPES = {"question": "must be a string or a list of strings",
+               "k": 'must be an integer, such as 5 (not "5", 5.0 or true)',
+               "unanswerable_share": 'must be a number, such as 0.3 (not "0.3" or true)',
+               "body": f"must be a JSON object sent as application/json, such as {EXAMPLE}"}
 
 
 class AskRequest(BaseModel):
+    """The body of POST /ask. Strict: each field of its JSON type (no "5" read as 5, no true as 1), and no other
+    field (one the server would ignore, a misspelt "top_k", would answer with settings the client did not ask)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     question: str | list[str] = Field(description="One question, or a list of them.")
     k: int | None = Field(None, description="Passages read per question (default: the server's --k).")
     unanswerable_share: float | None = Field(
@@ -119,7 +133,7 @@ def check_request(body: AskRequest, limits: Limits) -> tuple[list[str], int]:
         raise BadRequest(err.field("question"), err.problem, err.status) from None
     k = limits.k if body.k is None else body.k
     if not 1 <= k <= limits.max_k:
-        raise BadRequest("k", f"k must be between 1 and {limits.max_k} (got {k})")
+        raise BadRequest("k", f"must be between 1 and {limits.max_k} (got {k})")
     return questions, k
 
 
@@ -199,17 +213,30 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         first = exc.errors()[0]
+        loc = [x for x in first.get("loc", ()) if x != "body"]
+        field = str(loc[0]) if loc and first.get("type") != "json_invalid" else "body"
         if first.get("type") == "json_invalid":
-            field, message = "body", "malformed JSON: send {\"question\": \"...\", \"k\": 5}"
+            message = f"malformed JSON: send {EXAMPLE}"
+        elif first.get("type") == "extra_forbidden":
+            message = "not a field of /ask (it takes question, k and unanswerable_share)"
+        elif first.get("type") == "missing" and field != "body":
+            message = "missing"
         else:
-            loc = [x for x in first.get("loc", ()) if x != "body"]
-            field = str(loc[0]) if loc else "body"
-            message = {"question": "must be a string or a list of strings", "k": "must be a whole number",
-                       "unanswerable_share": "must be a number"}.get(
-                field, first.get("msg", "invalid"))
-            if first.get("type") == "missing":
-                message = "missing"
+            message = FIELD_TYPES.get(field, first.get("msg", "invalid"))
         return JSONResponse({"error": f"{field}: {message}", "field": field}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def refused(request: Request, exc: HTTPException):
+        """FastAPI's own refusals in the API's shape: a body it could not parse (its 400: not UTF-8, or JSON nested
+        deeper than Python's parser goes, whose RecursionError it caught: the server serves on), a path or a method
+        it does not serve (404, 405)."""
+        if exc.status_code == 400:  # a 422 as malformed JSON is, with what FastAPI's message leaves out
+            why = {UnicodeDecodeError: "not UTF-8", RecursionError: "nested too deeply"}.get(type(exc.__cause__),
+                                                                                             "unreadable")
+            return JSONResponse({"error": f"body: malformed JSON ({why}): send {EXAMPLE}", "field": "body"},
+                                status_code=422)
+        return JSONResponse({"error": str(exc.detail), "field": None}, status_code=exc.status_code,
+                            headers=exc.headers)
 
     @app.exception_handler(BadRequest)
     async def bad(request: Request, exc: BadRequest):
