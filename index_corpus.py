@@ -81,12 +81,12 @@ def main(argv=None):
     # --- data, embed, finish: utils/retriever/index_writer.py (the corpus checked before anything is written) --
     meta = build_index(accelerator, retriever, args.passages, args.output_dir, args.dtype, args.chunk_passages,
                        args.bm25, args.overwrite_output_dir)
-    seconds = meta.get("seconds", 0.0)
-    accelerator.print(f"indexed {meta['passages']} passages ({meta['vectors']} vectors; {meta['embedded']} passages "
-                      f"embedded, the others' vectors kept) in {seconds:.1f} s "
-                      f"({meta['passages'] / max(seconds, 1e-9):.1f} passages/s, "
-                      f"{meta['vectors'] / max(seconds, 1e-9):.1f} vectors/s; "
-                      f"peak memory {peak_memory_mb(accelerator)} MB on the first process)")
+    if meta["seconds"] is not None:  # else up to date, as build_index said
+        seconds, embedded = max(meta["seconds"], 1e-3), meta["embedded"]
+        accelerator.print(f"indexed {meta['passages']} passages ({meta['vectors']} vectors) in {seconds:.1f} s: "
+                          f"{embedded} passages embedded ({embedded / seconds:.1f} passages/s), the other "
+                          f"{meta['passages'] - embedded} passages' vectors kept; peak memory "
+                          f"{peak_memory_mb(accelerator)} MB on the first process")
     finish(accelerator)
 
 

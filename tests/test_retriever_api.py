@@ -211,8 +211,9 @@ def test_saving_an_index_destroys_nothing_that_is_not_an_index_and_replaces_an_i
     reader_copy.mkdir()
     (reader_copy / "config.json").write_text("{}")
     (reader_copy / "model.safetensors").write_text("weights")
-    with pytest.raises(UserError, match="not empty and not an index"):
-        index.save(str(reader_copy))
+    for overwrite in (False, True):
+        with pytest.raises(UserError, match="holds a trained model, which an index never replaces"):
+            index.save(str(reader_copy), overwrite=overwrite)
     assert sorted(os.listdir(reader_copy)) == ["config.json", "model.safetensors"]
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
@@ -264,14 +265,30 @@ def test_overwriting_replaces_only_a_directory_this_project_wrote_not_any_with_a
         with pytest.raises(UserError, match="not empty and not an index"):
             tiny_index().save(str(project), overwrite=overwrite)
         assert sorted(str(p.relative_to(project)) for p in project.rglob("*")) == contents
-    model = tmp_path / "model"  # a run's outputs (a trained model): replaced with overwrite only
+    model = tmp_path / "model"  # a run's outputs, a trained model: never replaced by an index (issue 58, item 2)
     model.mkdir()
     (model / ".qa-amp.json").write_text('{"script": "train_reader.py", "state": "published"}')
-    (model / "config.json").write_text("{}")
-    with pytest.raises(UserError, match="pass overwrite=True"):
-        tiny_index().save(str(model))
-    tiny_index().save(str(model), overwrite=True)
-    assert Index.load(str(model)).count == 3 and not (model / "config.json").exists()
+    (model / "weights.bin").write_text("weights")
+    results = tmp_path / "results"  # an evaluation's outputs: not an index either
+    results.mkdir()
+    (results / ".qa-amp.json").write_text('{"script": "qa_system.py", "state": "evaluated"}')
+    (results / "predictions.json").write_text("{}")
+    for directory, message in ((model, "holds a trained model"), (results, "an index replaces only an index")):
+        for overwrite in (False, True):
+            with pytest.raises(UserError, match=message):
+                tiny_index().save(str(directory), overwrite=overwrite)
+    assert sorted(os.listdir(model)) == [".qa-amp.json", "weights.bin"]
+    assert sorted(os.listdir(results)) == [".qa-amp.json", "predictions.json"]
+
+
+def test_overwriting_an_index_replaces_what_it_wrote_and_nothing_a_user_put_beside_it(tmp_path):
+    """overwrite=True deleted every entry of an index directory, a user's notes put inside it included."""
+    target = tmp_path / "index"
+    tiny_index(3).save(str(target))
+    (target / "notes.txt").write_text("mine")
+    tiny_index(5).save(str(target), overwrite=True)
+    assert sorted(os.listdir(target)) == ["index.json", "notes.txt", "shard-00000"]
+    assert (target / "notes.txt").read_text() == "mine" and Index.load(str(target)).count == 5
 
 
 def test_an_index_built_by_another_retriever_or_a_retrained_one_is_refused(trained, tiny_bert_dir, tmp_path):

@@ -19,25 +19,9 @@ import shutil
 import numpy as np
 
 from utils.files.jsonfiles import read_json, write_json_file
-from utils.search.index_format import (INDEX_FILE, bm25_dir, content_keys, map_shard, read_manifest, shard_keys,
-                                       shard_name)
+from utils.search.index_format import (INDEX_FILE, UPDATE_FILE, content_keys, files_of, map_shard, read_manifest,
+                                       shard_keys, version_of)
 from utils.search.vectors import Vectors
-
-UPDATE_FILE = "update.json"
-
-
-def version_of(meta: dict) -> int:
-    return meta.get("version", 1)
-
-
-def version_path(version: int, name: str) -> str:
-    """Where version `version` keeps a shard or BM25, relative to the index (the first at the top, as before)."""
-    return name if version == 1 else f"v{version}/{name}"
-
-
-def files_of(meta: dict) -> list[str]:
-    """The directories of an index version that its manifest names (its shards, its BM25)."""
-    return [s["dir"] for s in meta["shards"]] + ([bm25_dir(meta)] if meta.get("bm25") else [])
 
 
 class PreviousVectors:
@@ -106,8 +90,7 @@ def start_update(out: str, current: dict, corpus: dict) -> dict:
     record = _read(path)
     if record and record.get("version") == version and record.get("corpus") == corpus:
         return record
-    if record:
-        _remove(out, [f"v{record['version']}"])
+    discard_update(out)
     record = {"version": version, "corpus": corpus, "previous": files_of(current)}
     write_json_file(path, record)
     return record
@@ -115,12 +98,23 @@ def start_update(out: str, current: dict, corpus: dict) -> dict:
 
 def finish_update(out: str, record: dict) -> None:
     """After the manifest names the new version: delete the previous version's files and the update's record."""
-    _remove(out, record["previous"])
+    remove_entries(out, record["previous"])
     version_dirs = {os.path.dirname(name) for name in record["previous"]} - {""}
     for d in version_dirs:  # a version's own directory, once empty
         if os.path.isdir(os.path.join(out, d)) and not os.listdir(os.path.join(out, d)):
             os.rmdir(os.path.join(out, d))
     os.remove(os.path.join(out, UPDATE_FILE))
+
+
+def discard_update(out: str) -> int | None:
+    """An update under way that will not be published (the corpus changed again, or back to what the index holds):
+    the version it was writing and its record deleted. Returns that version, None where there was none."""
+    record = _read(os.path.join(out, UPDATE_FILE))
+    if record is None:
+        return None
+    version = record.get("version")
+    remove_entries(out, ([f"v{version}"] if isinstance(version, int) and version > 1 else []) + [UPDATE_FILE])
+    return version
 
 
 def recover(out: str) -> None:
@@ -132,15 +126,11 @@ def recover(out: str) -> None:
             finish_update(out, record)
 
 
-def update_shard_dir(out: str, version: int, rank: int) -> str:
-    return os.path.join(out, version_path(version, shard_name(rank)))
-
-
 def _read(path: str) -> dict | None:
     return read_json(path) if os.path.isfile(path) else None
 
 
-def _remove(out: str, names: list[str]) -> None:
+def remove_entries(out: str, names: list[str]) -> None:
     """Delete the named entries of the index `out` (each one this project wrote: a manifest or update.json names it)."""
     for name in names:
         path = os.path.join(out, name)

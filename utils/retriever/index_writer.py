@@ -4,10 +4,10 @@ file (its byte range, cut at line starts), chunk by chunk, into its own shard fi
 killed build resumes after each shard's last complete chunk. The corpus is streamed, never loaded whole: a process
 holds one chunk's tokens and vectors. The index it writes is utils.search.index's, which `Index.load` reads."""
 
+import contextlib
 import hashlib
 import logging
 import os
-import shutil
 import time
 
 import numpy as np
@@ -17,13 +17,14 @@ from accelerate.utils import broadcast_object_list, gather_object
 from utils.errors import UserError
 from utils.files.corpus import byte_ranges, count_lines, stream_passages
 from utils.files.jsonfiles import json_lines, write_json_file
-from utils.retriever.index_update import (PreviousVectors, chunk_vectors, finish_update, recover, start_update,
-                                          version_path)
+from utils.retriever.index_update import (PreviousVectors, chunk_vectors, discard_update, finish_update, recover,
+                                          remove_entries, start_update)
 from utils.retriever.retriever import Retriever
 from utils.search.bm25 import BM25
+from utils.runtime.lock import directory_lock
 from utils.search.index import Index, check_index_target, manifest
-from utils.search.index_format import (INDEX_FILE, PassageStore, ShardWriter, content_hash, map_shard, read_manifest,
-                                       shard_name)
+from utils.search.index_format import (INDEX_FILE, PassageStore, ShardWriter, content_hash, holds_index_manifest,
+                                       map_shard, own_entries, read_manifest, shard_name, version_path)
 
 logger = logging.getLogger("qa-amp")
 CHUNK_HASH_PASSAGES = 1024  # passages per corpus hash recorded (and compared on resume)
@@ -150,22 +151,25 @@ def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retrie
     failure, meta, update = None, None, None
     if accelerator.is_main_process:
         try:
-            if not overwrite and os.path.isdir(out):
+            if not overwrite and holds_index_manifest(out):
                 recover(out)  # an update killed after its manifest was written: its old files deleted now
-            existing = read_manifest(out, complete=False) if os.path.isfile(os.path.join(out, INDEX_FILE)) else None
+            # someone else's index.json is not read as a manifest: check_index_target refuses the directory below
+            existing = read_manifest(out, complete=False) if holds_index_manifest(out) else None
         except UserError as err:  # an index of another format, say: with overwrite check_index_target decides
             existing, failure = None, None if overwrite else str(err)
         if existing and not overwrite:
             failure, meta = _resumable(out, existing, built_by, dtype, corpus)
             if meta and meta["complete"] and not same_corpus(meta, corpus):
                 update = start_update(out, meta, corpus)
+            elif meta and meta["complete"] and (abandoned := discard_update(out)) is not None:
+                # an update killed, then the corpus put back as the index holds it: its files go
+                accelerator.print(f"{out}: an unfinished update to version {abandoned} of a corpus changed since "
+                                  "was discarded")
         if failure is None and meta is None:
             try:
                 check_index_target(out, overwrite, "--overwrite_output_dir")
-                if os.path.isdir(out) and overwrite:
-                    for name in os.listdir(out):  # a directory of ours only (check_index_target vouched for it)
-                        path = os.path.join(out, name)
-                        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+                if os.path.isdir(out) and overwrite:  # what the index there wrote, and only that
+                    remove_entries(out, own_entries(out))
                 os.makedirs(out, exist_ok=True)
                 meta = manifest(built_by, dtype, retriever.dimension, corpus["passages"], [], bm25=False,
                                 complete=False, corpus=corpus)
@@ -202,7 +206,7 @@ def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, retri
                         writer.progress["passages"], rate)
     return {"vectors": writer.progress["vectors"], "passages": writer.progress["passages"],
             "embedded": writer.progress.get("embedded", writer.progress["passages"]),
-            "seconds": round(time.perf_counter() - t0, 1)}
+            "seconds": time.perf_counter() - t0}
 
 
 def build_index(accelerator, retriever: Retriever, passages: str, output_dir: str, dtype: str = "float32",
@@ -211,14 +215,36 @@ def build_index(accelerator, retriever: Retriever, passages: str, output_dir: st
     """Index the JSON-lines corpus `passages` into `output_dir` with `retriever`, every process a contiguous run of
     the corpus's chunks (a collective: every process calls it); resumes an unfinished build of the same corpus,
     retriever and layout; updates a complete one by the same retriever whose corpus changed since
-    (utils.retriever.index_update: only new and changed passages embedded). Returns the complete manifest. `bm25`:
-    also build BM25 (default: when the retriever has a hybrid weight). A complete index there of the same corpus
-    and retriever is returned as it is: with `reuse` silently (with BM25 where asked), else as up to date."""
-    world, rank = accelerator.num_processes, accelerator.process_index
+    (utils.retriever.index_update: only new and changed passages embedded). Returns the complete manifest, with
+    "seconds" None where nothing was built. `bm25`: also build BM25 (default: what the index being updated has,
+    else when the retriever has a hybrid weight). A complete index there of the same corpus and retriever is
+    returned as it is: with `reuse` silently (with BM25 where asked), else as up to date. The directory is locked
+    for the run (utils.runtime.lock): a second run on it meanwhile is refused."""
     corpus_path, out = os.path.realpath(passages), os.path.realpath(output_dir)
-    if os.path.commonpath([corpus_path, out]) == out:  # the same answer on every process: no collective needed
+    # the same answers on every process: no collective needed
+    if os.path.commonpath([corpus_path, out]) == out:
         raise UserError(f"{output_dir}: holds the corpus being indexed ({passages}): give another --output_dir "
                         "(replacing the directory would delete the corpus)")
+    if os.path.commonpath([os.path.realpath(retriever.model_dir), out]) == os.path.realpath(retriever.model_dir):
+        raise UserError(f"{output_dir}: is the retriever's directory or inside it ({retriever.model_dir}): give the "
+                        "index a directory of its own (publishing a retrained retriever there would delete it)")
+    with contextlib.ExitStack() as held:
+        failure = None
+        if accelerator.is_main_process:  # the others write only into what the main process has checked and holds
+            try:
+                held.enter_context(directory_lock(output_dir, "index"))
+            except UserError as err:
+                failure = str(err)
+        if accelerator.num_processes > 1:
+            failure = broadcast_object_list([failure])[0]
+        if failure:
+            raise UserError(failure)
+        return _build_index(accelerator, retriever, passages, output_dir, dtype, chunk_passages, bm25, overwrite,
+                            reuse)
+
+
+def _build_index(accelerator, retriever, passages, output_dir, dtype, chunk_passages, bm25, overwrite, reuse):
+    world, rank = accelerator.num_processes, accelerator.process_index
     plan = check_corpus(accelerator, passages, chunk_passages)
     corpus = corpus_identity(passages, plan, world)
     found, update = prepare_index_dir(accelerator, output_dir, dtype, overwrite, retriever, corpus)
@@ -228,12 +254,15 @@ def build_index(accelerator, retriever: Retriever, passages: str, output_dir: st
                             "directory")
         if not reuse:
             accelerator.print(f"{output_dir}: up to date (an index of this corpus by this retriever): nothing to do")
-        return {**found, "embedded": 0, "seconds": 0.0}
+        return {**found, "embedded": 0, "seconds": None}
     version = update["version"] if update else 1
+    if bm25 is None:  # an update keeps what the index has; a new index has BM25 where the retriever fuses with it
+        bm25 = bool(found.get("bm25")) if update else retriever.settings.hybrid_by_default
     accelerator.print(f"index{f' update to version {version}' if update else ''}: {corpus['passages']} passages, "
                       f"{len(plan['chunks'])} chunks in {world} shard(s), "
                       f"{'sentence windows' if retriever.settings.window_sentences else 'whole passages'}, "
-                      f"precision {retriever.precision}, {dtype} vectors -> {output_dir}")
+                      f"precision {retriever.precision}, {dtype} vectors, "
+                      f"{bm25_said(bm25, found.get('bm25') if update else None)} -> {output_dir}")
     n = len(plan["chunks"])
     mine = plan["chunks"][rank * n // world:(rank + 1) * n // world]
     previous = PreviousVectors(output_dir, found) if update else None
@@ -249,22 +278,28 @@ def build_index(accelerator, retriever: Retriever, passages: str, output_dir: st
         first += s["passages"]
     if first != corpus["passages"]:
         raise UserError(f"{output_dir}: {first} passages embedded, the corpus has {corpus['passages']}")
-    meta = manifest(retriever.built_by(), dtype, retriever.dimension, corpus["passages"], shards, bm25=False,
+    meta = manifest(retriever.built_by(), dtype, retriever.dimension, corpus["passages"], shards, bm25=bm25,
                     complete=True, corpus=corpus)
-    meta.update(version=version, embedded=sum(s["embedded"] for s in every), bm25_dir=version_path(version, "bm25"))
+    meta.update(version=version, embedded=sum(s["embedded"] for s in every), bm25_dir=version_path(version, "bm25"),
+                seconds=round(max(s["seconds"] for s in every), 3))
     if accelerator.is_main_process:
-        meta["bm25"] = bm25 if bm25 is not None else retriever.settings.hybrid_by_default
-        if meta["bm25"]:  # by this process alone (one index over every passage: bm25s builds it in one piece), the
-            # others waiting below, for as long as --process_group_timeout allows
+        if bm25:  # by this process alone (one index over every passage: bm25s builds it in one piece), the others
+            # waiting below, for as long as --process_group_timeout allows
             parts = [map_shard(output_dir, meta, s)[2] for s in shards]
             BM25(list(PassageStore(parts, [s["first"] for s in shards]))).save(
                 os.path.join(output_dir, meta["bm25_dir"]))
-        meta["seconds"] = max(s["seconds"] for s in every)
         write_json_file(os.path.join(output_dir, INDEX_FILE), meta)  # the one rename that publishes the version
         if update:
             finish_update(output_dir, update)
     accelerator.wait_for_everyone()
     return meta
+
+
+def bm25_said(bm25: bool, had: bool | None) -> str:
+    """What an index build says of its BM25: `had`, what the index being updated has (None: a new index)."""
+    if had is None or bool(had) == bm25:
+        return ("BM25" if bm25 else "no BM25") + (" (kept as the index has it)" if had is not None else "")
+    return "BM25 added (--bm25 true)" if bm25 else "BM25 dropped (--bm25 false)"
 
 
 def index_for_run(accelerator, retriever: Retriever, passages: str, output_dir: str, bm25: bool,

@@ -49,6 +49,19 @@ def read_marker(directory: str) -> dict | None:
         return None
 
 
+# What a trained model's directory holds, whatever wrote it: a transformers model (a reader, an encoder), the
+# settings of a reader or a retriever of this project, a retriever's two encoders.
+MODEL_ENTRIES = ("config.json", "model.safetensors", "pytorch_model.bin", "reader_settings.json",
+                 "retriever_settings.json", "query_encoder", "passage_encoder")
+
+
+def holds_trained_model(directory: str) -> bool:
+    """Whether `directory` holds a trained model: published by a run of ours (its marker), or any of MODEL_ENTRIES."""
+    marker = read_marker(directory)
+    return (isinstance(marker, dict) and marker.get("state") == "published") or any(
+        os.path.lexists(os.path.join(directory, name)) for name in MODEL_ENTRIES)
+
+
 def write_marker(directory: str, script: str, state: str) -> None:
     with atomic_file(os.path.join(directory, MARKER)) as f:
         json.dump({"script": script, "state": state}, f)

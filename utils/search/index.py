@@ -29,12 +29,12 @@ import torch
 from utils.errors import UserError
 from utils.files.corpus import SOURCE_FIELDS
 from utils.files.jsonfiles import write_json_file
-from utils.runtime.output_dir import read_marker, staged_directory
+from utils.runtime.output_dir import holds_trained_model, read_marker, staged_directory
 from utils.search.bm25 import BM25
 from utils.search.exact import score_shards, search_shards
 from utils.search.fusion import gather_candidates, hybrid_ranking
 from utils.search.index_format import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, bm25_dir, content_hash,
-                                       holds_index_manifest, map_shard, read_manifest, shard_name)
+                                       holds_index_manifest, map_shard, own_entries, read_manifest, shard_name)
 from utils.search.shards import shard as share_of
 from utils.search.vectors import Vectors
 
@@ -108,16 +108,19 @@ class Index:
 
     def save(self, directory: str, overwrite: bool = False) -> None:
         """The index as index_corpus.py writes one (utils.search.index_format), one shard per shard held. A
-        directory that holds anything but an index is refused, an index only replaced with `overwrite`; the new
-        index is written beside it and swapped in as a whole (utils.runtime.output_dir.staged_directory), so that a
-        crash leaves the old index or the new one, never none or a mix."""
+        directory that holds anything but an index is refused, an index only replaced with `overwrite` (what the
+        old index did not write stays: `own_entries`); the new index is written beside it and swapped in as a
+        whole (utils.runtime.output_dir.staged_directory), so that a crash leaves the old index or the new one,
+        never none or a mix."""
         if self.distributed:
             raise UserError("this index holds one process's share of the shards: save the whole index instead")
         check_index_target(directory, overwrite)
         dimension = self.dimension or 0
         dtype = str(np.asarray(self.shards[0].embeddings).dtype) if self.shards else "float32"
+        # what is not the old index's own (a user's notes put inside it) moves into the new one
+        keep = set(os.listdir(directory)) - set(own_entries(directory)) if os.path.isdir(directory) else set()
         try:
-            with staged_directory(directory, loadable=INDEX_FILE) as tmp:
+            with staged_directory(directory, keep=keep, loadable=INDEX_FILE) as tmp:
                 shards = []
                 for i, v in enumerate(self.shards):
                     name = shard_name(i)
@@ -174,9 +177,10 @@ def manifest(built_by: dict, dtype: str, dimension: int, passages: int, shards: 
 
 def check_index_target(directory: str, overwrite: bool, flag: str = "overwrite=True") -> None:
     """Where an index may be written: a new or empty directory, or with `overwrite` (`flag`: how the caller's user
-    asks for it) one this project wrote and marked: an index (its manifest, utils.search.index_format) or a run's
-    outputs (the marker of utils.runtime.output_dir). Anything else, a file or a directory that merely holds a file
-    named index.json, is refused even with `overwrite`: replacing it would delete a user's data (one-line errors)."""
+    asks for it) one that holds an index of this project (its manifest, utils.search.index_format), of which only
+    what the index wrote is replaced (`own_entries`). Anything else is refused even with `overwrite`, one line each:
+    a file; a directory that holds a trained model (a reader's, a retriever's: an index never replaces one) or the
+    outputs of another run; one that merely holds a file named index.json."""
     if os.path.lexists(directory) and not os.path.isdir(directory):
         raise UserError(f"{directory}: is a file, not a directory: save the index to a new or empty directory")
     if not os.path.isdir(directory) or not os.listdir(directory):
@@ -184,13 +188,14 @@ def check_index_target(directory: str, overwrite: bool, flag: str = "overwrite=T
     if holds_index_manifest(directory):
         if not overwrite:
             raise UserError(f"{directory}: holds an index already: pass {flag} to replace it")
+    if holds_trained_model(directory):
+        raise UserError(f"{directory}: holds a trained model, which an index never replaces (even with {flag}): "
+                        "give the index a directory of its own")
         return
     marker = read_marker(directory)
     if isinstance(marker, dict) and "state" in marker:  # written by a run of ours (output_dir's rule)
-        if not overwrite:
-            raise UserError(f"{directory}: holds the outputs of a run of this project (by {marker.get('script')}): "
-                            f"pass {flag} to replace them with the index")
-        return
+        raise UserError(f"{directory}: holds the outputs of a run of this project (by {marker.get('script')}), "
+                        f"not an index (an index replaces only an index, even with {flag}): give another directory")
     raise UserError(f"{directory}: not empty and not an index of this project: save the index to a new or empty "
                     f"directory (a directory this project did not write is never replaced, even with {flag})")
 

@@ -12,6 +12,10 @@
                                 after the last; anything written past it is cut off)
     IDX/bm25/                   BM25 over every passage (for the hybrid), where built
     IDX/v2/shard-00000/, v2/bm25/  the same, of the index's second version (an update: the manifest names its files)
+    IDX/update.json             an update under way (utils.retriever.index_update): its version, the files of
+                                the version before it
+
+An index deletes only what it wrote and names (`own_entries`): a user's file put inside an index directory stays.
 
 Every shard is one contiguous range of the corpus's passages. Readers map the files (numpy memmap): a process
 searching its own shards touches only their pages, and a passage's text is read from its line when a result
@@ -27,7 +31,7 @@ import numpy as np
 from utils.errors import UserError
 from utils.files.jsonfiles import json_line, write_json_file
 
-INDEX_FILE, FORMAT = "index.json", 3
+INDEX_FILE, FORMAT, UPDATE_FILE = "index.json", 3, "update.json"
 MANIFEST_FIELDS = ("model", "passage_encoder", "settings", "precision", "dimension", "dtype", "passages", "shards",
                    "complete")
 VECTORS, OWNER, PASSAGES, OFFSETS, PROGRESS, KEYS = ("vectors.bin", "owner.bin", "passages.jsonl", "offsets.bin",
@@ -43,16 +47,54 @@ def bm25_dir(meta: dict) -> str:
     return meta.get("bm25_dir", "bm25")
 
 
+def version_of(meta: dict) -> int:
+    return meta.get("version", 1)
+
+
+def version_path(version: int, name: str) -> str:
+    """Where version `version` keeps a shard or BM25, relative to the index (the first at the top, as before)."""
+    return name if version == 1 else f"v{version}/{name}"
+
+
+def files_of(meta: dict) -> list[str]:
+    """The directories of an index version that its manifest names (its shards, its BM25)."""
+    return [s["dir"] for s in meta["shards"]] + ([bm25_dir(meta)] if meta.get("bm25") else [])
+
+
+def own_entries(directory: str) -> list[str]:
+    """The entries of an index directory that the index wrote, manifest first (deleted in this order, a crash
+    part way leaves no manifest naming what is gone): its manifest and update record, the files of the version its
+    manifest names, the shards of a build not finished (one per process its manifest records, each holding the
+    progress record a shard writer leaves) and the version an update under way writes (update.json names it).
+    Anything else in it (a user's notes, say) is not the index's."""
+    meta = _json_object(os.path.join(directory, INDEX_FILE))
+    record = _json_object(os.path.join(directory, UPDATE_FILE))
+    names = [INDEX_FILE, UPDATE_FILE]
+    if meta is not None:
+        names += [path.split("/")[0] for path in files_of({"shards": [], **meta})]
+        version, processes = version_of(meta), (meta.get("corpus") or {}).get("processes", 0)
+        names += [version_path(version, shard_name(i)).split("/")[0] for i in range(processes)
+                  if os.path.isfile(os.path.join(directory, version_path(version, shard_name(i)), PROGRESS))]
+    if record is not None and isinstance(record.get("version"), int) and record["version"] > 1:
+        names.append(f"v{record['version']}")
+    return [n for n in dict.fromkeys(names) if os.path.lexists(os.path.join(directory, n))]
+
+
+def _json_object(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def holds_index_manifest(directory: str) -> bool:
     """Whether `directory` holds an index manifest of this project (of any format version: an index to build
     again is still ours): index.json parses to an object with "format" and every field `read_manifest` needs. A
     file that is merely named index.json (a web app's, say) is not one."""
-    try:
-        with open(os.path.join(directory, INDEX_FILE), encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and "format" in meta and all(k in meta for k in MANIFEST_FIELDS)
+    meta = _json_object(os.path.join(directory, INDEX_FILE))
+    return meta is not None and "format" in meta and all(k in meta for k in MANIFEST_FIELDS)
 
 
 def read_manifest(directory: str, complete: bool = True) -> dict:
@@ -66,8 +108,8 @@ def read_manifest(directory: str, complete: bool = True) -> dict:
             meta = json.load(f)
     except ValueError as err:
         raise UserError(f"{path}: malformed ({err})") from None
-    if not isinstance(meta, dict) or "format" not in meta:
-        raise UserError(f"{path}: malformed (no format)")
+    if not isinstance(meta, dict) or "format" not in meta:  # someone else's index.json (a web app's, say)
+        raise UserError(f"{directory}: not an index of this project ({INDEX_FILE} is not an index manifest)")
     if meta["format"] != FORMAT:
         raise UserError(f"{path}: index format {meta['format']}, this version reads {FORMAT}: index the corpus again")
     missing = [k for k in MANIFEST_FIELDS if k not in meta]
