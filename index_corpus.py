@@ -18,9 +18,13 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 
   Run again on a complete index after the corpus changed (documents added, changed or removed, then
   ingest_documents.py again): the index is updated, not rebuilt. Passages whose title and text are unchanged keep
-  their vectors bit for bit, only the others are embedded, and BM25 is built again
+  their vectors bit for bit, only the others are embedded, and BM25 is built again where the index has it
   (utils/retriever/index_update.py). The new version is published in one rename and a running serve.py picks it up.
   The same corpus again: up to date, nothing written.
+
+  The directory is locked while a run writes it: a second run on it meanwhile is refused. --overwrite_output_dir
+  replaces an index, removing only what it wrote; a trained model's directory (the retriever's above all) is never
+  replaced.
 
 Skeleton: setup -> data (the corpus checked, shard by shard, before anything is written: every passage as the one
 corpus loader checks it, every id unique across the whole corpus) -> the output directory -> embed (chunks of
@@ -51,9 +55,11 @@ class IndexArgs:
     batch_size: int = arg(64, "Texts per forward pass.")
     chunk_passages: int = arg(4096, "Passages embedded and written at a time: the unit of resuming, and of memory.")
     bm25: Optional[bool] = arg(None, "Also build BM25 over the corpus, for the hybrid (it holds the corpus's terms "
-                                     "in memory). Default: when the retriever has a recorded hybrid weight.")
-    overwrite_output_dir: bool = arg(False, "Replace an existing index (or another run's outputs) in --output_dir; a "
-                                            "directory this project did not write is refused even so.")
+                                     "in memory). Default: an update keeps what the index has; a new index has it "
+                                     "when the retriever has a recorded hybrid weight.")
+    overwrite_output_dir: bool = arg(False, "Replace an existing index in --output_dir (only what the index wrote: "
+                                            "other files there stay); anything else, a trained model above all, is "
+                                            "refused even so.")
     process_group_timeout: int = process_group_timeout_arg()  # BM25 is built by the main process alone
 
     def __post_init__(self):
