@@ -18,7 +18,9 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 
   index_corpus.py run again on the --index (documents added, changed or removed): the server sees the new manifest
   within --index_check_seconds, loads the new version beside the one serving and swaps it in between passes: no
-  request fails, and each is answered from one version (/health gives "index_version" and "reloads").
+  request fails, and each is answered from one version (/health gives "index_version" and "reloads"). A version
+  that is not whole (a file missing or cut short) is never swapped in: the one serving goes on, /health's
+  "index_failed" says which version and why, the log says it once.
 
 Requests that arrive within --max_wait_ms of each other are answered in one pass (up to --max_batch questions):
 under load a pass is a batch, not one question (utils/system/batcher.py; benchmarks/serve_benchmark.py measures it).

@@ -8,6 +8,7 @@ their Snowball (Porter 2) stems, as Lucene/Pyserini's English BM25 does: without
 """
 
 import logging
+import os
 
 import bm25s
 import numpy as np
@@ -33,11 +34,31 @@ class BM25:
 
     @classmethod
     def load(cls, directory: str, size: int) -> "BM25":
+        """BM25 as `save` wrote it, over `size` passages. Each of its files is checked whole first, in a few reads
+        whatever its size (an array's header against its length, a JSON object's closing brace), so that one
+        missing or cut short is a one-line UserError naming it, as is BM25 over another number of passages."""
+        for name in ("params.index.json", "vocab.index.json", "data.csc.index.npy", "indices.csc.index.npy",
+                     "indptr.csc.index.npy"):  # what bm25s saves and loads, by its default names
+            path = os.path.join(directory, name)
+            if not os.path.isfile(path):
+                raise UserError(f"{directory}: {name} is missing")
+            try:
+                if name.endswith(".npy"):
+                    np.load(path, mmap_mode="r")  # reads the header; refuses a file shorter than the array it gives
+                else:
+                    with open(path, "rb") as f:
+                        f.seek(max(os.path.getsize(path) - 64, 0))
+                        if not f.read().rstrip().endswith(b"}"):
+                            raise ValueError("no closing brace")
+            except (OSError, ValueError, EOFError) as err:
+                raise UserError(f"{directory}: {name} is cut short or damaged ({err})") from None
         out = cls.__new__(cls)
         try:
             out.retriever = bm25s.BM25.load(directory)
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, EOFError) as err:
             raise UserError(f"{directory}: not a BM25 index ({err})") from None
+        if out.retriever.scores["num_docs"] != size:
+            raise UserError(f"{directory}: BM25 over {out.retriever.scores['num_docs']} passages, the index has {size}")
         out.size = size
         return out
 

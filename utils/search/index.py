@@ -140,8 +140,11 @@ class Index:
     def load(cls, directory: str, share: tuple[int, int] | None = None) -> "Index":
         """An index saved by `save` or index_corpus.py, its shards memory-mapped, its passages read from disk as
         results need them. `share` = (process index, processes): map only this process's share of the shards (a
-        search is then a collective). Every file missing or of the wrong size is a one-line UserError naming the
-        directory; whoever searches it checks that the index holds its own encoder's vectors (`check_encoder`)."""
+        search is then a collective). The version is checked whole before it is returned, reading no passage but
+        each shard's last (utils.search.index_format.map_shard, BM25.load): every file missing, of the wrong size or
+        cut short is a one-line UserError naming the directory and the file, so that a damaged version is refused
+        here (serve.py then serves on the one it has), never found out by a search. Whoever searches it
+        checks that the index holds its own encoder's vectors (`check_encoder`)."""
         meta = read_manifest(directory)
         shards = meta["shards"]
         if [s["first"] for s in shards] != [0] + [s["last"] for s in shards[:-1]] or \

@@ -29,7 +29,7 @@ import os
 import numpy as np
 
 from utils.errors import UserError
-from utils.files.jsonfiles import json_line, write_json_file
+from utils.files.jsonfiles import json_line, read_json, write_json_file
 
 INDEX_FILE, FORMAT, UPDATE_FILE = "index.json", 3, "update.json"
 MANIFEST_FIELDS = ("model", "passage_encoder", "settings", "precision", "dimension", "dtype", "passages", "shards",
@@ -179,7 +179,9 @@ class ShardWriter:
 
 
 def map_shard(directory: str, meta: dict, shard: dict):
-    """(vectors memmap, owner memmap or None, PassageLines) of one shard of a complete index."""
+    """(vectors memmap, owner memmap or None, PassageLines) of one shard of a complete index, every file checked
+    whole first, no passage read but the last (`PassageLines.check_whole`): one missing, of another size than the
+    manifest says or cut short is a one-line UserError naming it."""
     path = os.path.join(directory, shard["dir"])
     rows, count = shard["vectors"], shard["last"] - shard["first"]
     dtype, dim = np.dtype(meta["dtype"]), meta["dimension"]
@@ -197,7 +199,13 @@ def map_shard(directory: str, meta: dict, shard: dict):
     vectors = mapped(VECTORS, dtype, (rows, dim))
     owner = mapped(OWNER, np.int32, (rows,)) if meta["settings"].get("window_sentences") else None
     offsets = mapped(OFFSETS, np.int64, (count,))
-    return vectors, owner, PassageLines(os.path.join(path, PASSAGES), offsets)
+    if not os.path.isfile(os.path.join(path, PASSAGES)):
+        raise UserError(f"{directory}: {shard['dir']}/{PASSAGES} is missing")
+    lines = PassageLines(os.path.join(path, PASSAGES), offsets)
+    progress = os.path.join(path, PROGRESS)  # the passages' length as written, where the shard's record is kept
+    lines.check_whole(f"{directory}: {shard['dir']}/",
+                      read_json(progress).get("passage_bytes") if os.path.isfile(progress) else None)
+    return vectors, owner, lines
 
 
 class PassageLines:
@@ -208,6 +216,30 @@ class PassageLines:
         # reloading) is still read whole from the files it was loaded from, never from the new ones
         self.path, self.offsets = path, offsets
         self._file = open(path, "rb")
+
+    def check_whole(self, where: str, recorded: int | None) -> None:
+        """A one-line UserError (`where`: the shard's files, as messages name them) unless the file holds these
+        passages whole: their offsets rise from 0, the last passage is one whole JSON line that ends the file, and
+        the file is `recorded` bytes long where that is known. Only the offsets (8 bytes a passage, compared in one
+        vectorised pass) and the last passage are read: a file cut short, by a copy that ran out of space say, is
+        refused when the index is loaded, not when a search reaches a passage past its end."""
+        size = os.fstat(self._file.fileno()).st_size
+        if recorded is not None and size != recorded:
+            raise UserError(f"{where}{PASSAGES} holds {size} bytes, its {PROGRESS} says {recorded}")
+        if not len(self.offsets):
+            return
+        if self.offsets[0] != 0 or not np.all(self.offsets[1:] > self.offsets[:-1]):
+            raise UserError(f"{where}{OFFSETS}: the passages' offsets do not rise from 0")
+        last = int(self.offsets[-1])
+        self._file.seek(last)
+        line = self._file.read(max(size - last, 0))
+        try:  # one line, "\n" at the end of the file only, holding one passage
+            whole = line.endswith(b"\n") and b"\n" not in line[:-1] and isinstance(json.loads(line), dict)
+        except ValueError:
+            whole = False
+        if not whole:
+            raise UserError(f"{where}{PASSAGES} is cut short or damaged: its last passage, from byte {last}, is not "
+                            f"a whole JSON line ending the file ({size} bytes)")
 
     def __len__(self):
         return len(self.offsets)

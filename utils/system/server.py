@@ -164,7 +164,8 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
                on_load_failure=None, watch: IndexWatch | None = None, check_seconds: float = 0) -> FastAPI:
     """`load_system()`: builds the QASystem (called once, on a thread, at start). `threshold`: QASystem.ask's.
     `on_load_failure(message)`: what to do when loading fails (the server cannot serve). `watch`: the index to
-    reload when it gets a new version, checked every `check_seconds` (utils.system.reload)."""
+    reload when it gets a new version, checked every `check_seconds` (utils.system.reload); /health's
+    "index_failed" is the version on disk that could not be loaded and why ({"version", "error"}; null: none)."""
     state = {"system": None, "error": None, "started": time.time(), "reloads": 0}
 
     def answer_many(questions: list[str], ks: list[int], shares: list) -> list[dict]:
@@ -248,7 +249,7 @@ def create_app(load_system, limits: Limits, max_batch: int, max_wait: float, thr
         body = {"ready": ready, "status": "ready" if ready else "failed" if state["error"] else "loading",
                 "error": state["error"], "passes": batcher.passes, "questions_answered": batcher.questions,
                 "index_version": ready and state["system"].index and state["system"].index.version or None,
-                "reloads": state["reloads"],
+                "reloads": state["reloads"], "index_failed": watch.failed if watch else None,
                 "uptime_seconds": round(time.time() - state["started"], 1)}
         return JSONResponse(body, status_code=200 if ready else 503)
 
