@@ -107,7 +107,8 @@ def write_json_file(path: str, obj) -> None:
 
 def write_json_lines(path: str, rows) -> int:
     """Rows (an iterable of dicts, consumed as a stream: never held together) as JSON lines (`json_line`), written
-    atomically (utils.runtime.atomic): an exception while the rows are made leaves `path` as it was. Returns the rows written."""
+    atomically (utils.runtime.atomic): an exception while the rows are made leaves `path` as it was. Returns the rows
+    written."""
     count = 0
     with atomic_file(path) as f:
         for row in rows:

@@ -188,12 +188,12 @@ def check_index_target(directory: str, overwrite: bool, flag: str = "overwrite=T
         raise UserError(f"{directory}: is a file, not a directory: save the index to a new or empty directory")
     if not os.path.isdir(directory) or not os.listdir(directory):
         return
-    if holds_index_manifest(directory):
-        if not overwrite:
-            raise UserError(f"{directory}: holds an index already: pass {flag} to replace it")
     if holds_trained_model(directory):
         raise UserError(f"{directory}: holds a trained model, which an index never replaces (even with {flag}): "
                         "give the index a directory of its own")
+    if holds_index_manifest(directory):
+        if not overwrite:
+            raise UserError(f"{directory}: holds an index already: pass {flag} to replace it")
         return
     marker = read_marker(directory)
     if isinstance(marker, dict) and "state" in marker:  # written by a run of ours (output_dir's rule)
