@@ -11,8 +11,8 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 Names and ids, the same on every run: a file under a folder given is named by its path under it ("guide/intro.md"),
 a file given itself by its base name; its passages are NAME#0, NAME#1, ... (`passage`: that number; `page`: a PDF's
 page the passage starts on). Documents are written in the order of their names: the same files, the same bytes.
-A passage is whole sentences up to --max_words, starting with the previous one's last sentences of up to
---overlap_words.
+A passage is whole sentences up to --max_words words and --max_chars characters, starting with the previous one's
+last sentences of up to --overlap_words; a longer sentence is cut into pieces that overlap as much.
 
 Refused in one line naming the file: a type other than txt, md, html, pdf; a binary file; a file without text; a PDF
 without a text layer, locked by a password or unreadable; two documents of one name; an --output that is a folder,

@@ -354,10 +354,15 @@ def test_the_overlap_is_as_many_whole_sentences_as_fit_and_blocks_stay_apart():
 
 def test_a_sentence_longer_than_the_budget_is_cut_into_pieces_of_the_budget():
     words = sentence(0, 25).split()
-    passages = split([(" ".join(words), 7), (sentence(1, 6), 8)], 10, 3)
-    assert [len(text.split()) for text, _ in passages] == [10, 10, 5, 6]  # no piece fits the overlap of 3 words
+    passages = split([(" ".join(words), 7), (sentence(1, 6), 8)], 10, 0)
+    assert [len(text.split()) for text, _ in passages] == [10, 10, 5, 6]
     assert " ".join(text for text, _ in passages[:3]).split() == words
     assert [page for _, page in passages] == [7, 7, 7, 8]
+    # with an overlap, the pieces overlap by as much: each starts with the last 3 words of the one before
+    passages = split([(" ".join(words), 7), (sentence(1, 6), 8)], 10, 3)
+    assert [text.split() for text, _ in passages] == [words[0:10], words[7:17], words[14:24],
+                                                      words[21:25] + sentence(1, 6).split()]
+    assert [page for _, page in passages] == [7, 7, 7, 7]
 
 
 def test_a_trailing_passage_of_overlap_alone_is_not_written():
