@@ -3,10 +3,11 @@
 Runbook (from the repository root, after `pip install -r requirements.txt`):
 
   python ingest_documents.py --documents docs/ notes.md report.pdf --output corpus.jsonl
-      Reads every file under each folder (hidden ones left out) and each file given, one document at a time
-      (utils/files/documents.py: each format's reader and title), cuts each into passages (utils/splitting.py) and
-      writes JSON lines {passage_id, title, text, document, passage, page} for index_corpus.py --passages and
-      qa_system.py --passages. The whole file or nothing: an earlier --output stays as it was until the run ends.
+      Reads every file under each folder (hidden ones left out, links followed) and each file given, one document at
+      a time (utils/files/documents.py: each format's reader and title), cuts each into passages
+      (utils/splitting.py) and writes JSON lines {passage_id, title, text, document, passage, page} for
+      index_corpus.py --passages and qa_system.py --passages. The whole file or nothing: an earlier --output stays as
+      it was until the run ends.
 
 Names and ids, the same on every run: a file under a folder given is named by its path under it ("guide/intro.md"),
 a file given itself by its base name; its passages are NAME#0, NAME#1, ... (`passage`: that number; `page`: a PDF's
@@ -15,9 +16,12 @@ A passage is whole sentences up to --max_words words and --max_chars characters,
 last sentences of up to --overlap_words; a longer sentence is cut into pieces that overlap as much.
 
 Refused in one line naming the file: a type other than txt, md, html, pdf; a binary file; a file without text; a PDF
-without a text layer, locked by a password or unreadable; two documents of one name; an --output that is a folder,
-lies in a folder given or is a file given. A bad file stops the run; --skip_bad_files leaves it out and lists it
-(a name given twice is refused even so: two documents would share their passages' ids).
+without a text layer, locked by a password or unreadable (whatever its library fails on); a page nested too deep to
+parse whole; an unreadable folder or file; a name that is not UTF-8; two documents of one name; an --output that is
+a folder, lies in a folder given or is a file given. A bad file stops the run; --skip_bad_files leaves it out and
+lists it (a name given twice is refused even so: two documents would share their passages' ids). Never read, and
+always listed as left out: what is not a regular file (a named pipe, a socket, a device), and a link to a folder read
+already or to one holding it (a loop).
 """
 
 import os
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from utils.errors import UserError, exit_on_user_error
-from utils.files.documents import document_files, read_document
+from utils.files.documents import NotADocument, document_files, read_document
 from utils.files.jsonfiles import write_json_lines
 from utils.runtime.flags import arg, parse_args
 from utils.splitting import SplitConfig, split_passages
@@ -35,11 +39,11 @@ from utils.splitting import SplitConfig, split_passages
 
 @dataclass(frozen=True)
 class IngestArgs:
-    documents: Optional[list[str]] = arg(None, "Folders (all of their files, hidden ones left out) and files to "
-                                               "ingest: .txt, .md, .html, .pdf.")
+    documents: Optional[list[str]] = arg(None, "Folders (all of their files, hidden ones left out, links followed) "
+                                               "and files to ingest: .txt, .md, .html, .pdf.")
     output: str = arg(None, "The corpus to write (.jsonl), whole or not at all.")
-    skip_bad_files: bool = arg(False, "Leave out a file that cannot be ingested (listed at the end) instead of "
-                                      "stopping at it; two documents of one name stop the run even so.")
+    skip_bad_files: bool = arg(False, "Leave out a file or folder that cannot be ingested (listed at the end) instead "
+                                      "of stopping at it; two documents of one name stop the run even so.")
 
     def __post_init__(self):
         if not self.documents or not self.output:
@@ -66,7 +70,7 @@ def passages(args: IngestArgs, split: SplitConfig, files: list[tuple[str, str]],
         try:
             document = read_document(path, name)
         except UserError as err:
-            if not args.skip_bad_files:
+            if not args.skip_bad_files and not isinstance(err, NotADocument):
                 raise
             counts["skipped"].append(str(err))
             continue
@@ -85,8 +89,8 @@ def passages(args: IngestArgs, split: SplitConfig, files: list[tuple[str, str]],
 @exit_on_user_error
 def main(argv=None):
     args, split = parse_args(FLAGS, argv)
-    files = document_files(args.documents)
-    counts, start = {"documents": 0, "pages": 0, "bytes": 0, "skipped": []}, time.perf_counter()
+    files, skipped = document_files(args.documents, args.skip_bad_files)
+    counts, start = {"documents": 0, "pages": 0, "bytes": 0, "skipped": skipped}, time.perf_counter()
     written = write_json_lines(args.output, passages(args, split, files, counts))
     seconds = max(time.perf_counter() - start, 1e-9)
     print(f"{args.output}: {counts['documents']} documents, {written} passages ({len(counts['skipped'])} skipped) "

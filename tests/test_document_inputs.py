@@ -1,15 +1,237 @@
-"""The splitting's character budget and its cut sentences (issue 58, item 11): passages bounded in characters as
-well as words (text without spaces, as Chinese, or a line of data), a sentence cut for the budget in pieces that
-overlap as sentences do, and ordinary prose cut as before."""
+"""ingest_documents.py on the inputs that stopped it, hung it or lost text quietly (issue 58, items 6, 7, 8, 11),
+each written by the test with the real libraries (fpdf2 and pypdf for the PDFs, os.mkfifo for a named pipe): a
+format's library failing on one file is that file's one-line error, skipped with --skip_bad_files; what is written is
+valid UTF-8; deep markup, links to folders and unreadable folders are read or listed, never dropped quietly; what is
+not a regular file is never opened; passages are bounded in characters too, and a sentence cut for the budget
+overlaps."""
 
 import json
 import os
+import shutil
+import sys
 from types import SimpleNamespace
 
-from conftest import SAMPLE, assert_user_error
-from test_documents import ingest, rows
+import pytest
+from conftest import SAMPLE, assert_user_error, run_script
+from pypdf import PdfWriter
+from pypdf.generic import NameObject, NumberObject, StreamObject
+from test_documents import ARTICLE, PDF_PAGES, by_document, ingest, rows, write_pdf
 
 from utils.splitting import SplitConfig, split_passages
+
+# --- PDFs a library fails on --------------------------------------------------------------------------------------
+
+LONE_SURROGATE_CMAP = b"""/CIDInit /ProcSet findresource begin 12 dict begin begincmap /CMapName /Lone def
+1 begincodespacerange <00> <FF> endcodespacerange
+1 beginbfchar <54> <D800> endbfchar
+endcmap CMapName currentdict /CMap defineresource pop end end"""
+
+
+def stream(data: bytes, filter_name=None) -> StreamObject:
+    """A stream of these bytes as they are, under `filter_name` (data that filter cannot decode, written raw)."""
+    out = StreamObject()
+    out.set_data(data)
+    if filter_name:
+        out[NameObject("/Filter")] = NameObject(filter_name)
+    return out
+
+
+def odd_pdf(path, case):
+    """A one-page PDF (fpdf2) of PDF_PAGES[0], then edited by pypdf's writer as `case` says: where the writer has no
+    public way to write what such files hold, its dictionaries themselves (the document information, the trailer's
+    /Encrypt, a new indirect object)."""
+    writer = PdfWriter(clone_from=str(write_pdf(path, PDF_PAGES[:1])))
+    page = writer.pages[0]
+    if case == "number-title":  # add_metadata writes every value as a string: the number goes in the dictionary
+        writer._info.get_object()[NameObject("/Title")] = NumberObject(1984)
+    elif case in ("encryption-v7", "certificate-encryption"):
+        writer.encrypt("", "owner", algorithm="AES-256")
+        key, value = (("/V", NumberObject(7)) if case == "encryption-v7" else
+                      ("/Filter", NameObject("/Adobe.PubSec")))  # a certificate (public-key) security handler
+        writer._encrypt_entry[NameObject(key)] = value
+    elif case == "jbig2-stream":  # a filter pypdf decodes only with the jbig2dec program
+        page.replace_contents(stream(b"\x97JB2\r\n\x1a\n" + bytes(range(1, 40)), "/JBIG2Decode"))
+    elif case == "lone-surrogate":  # the font's ToUnicode map sends "T" to U+D800, which UTF-8 cannot hold
+        for font in page["/Resources"]["/Font"].values():
+            font.get_object()[NameObject("/ToUnicode")] = writer._add_object(stream(LONE_SURROGATE_CMAP))
+    else:
+        raise KeyError(case)
+    writer.write(str(path))
+    return path
+
+
+def odd_pdf_error(path, case):
+    """What each odd PDF is refused for (None: it is read)."""
+    if case == "jbig2-stream" and shutil.which("jbig2dec"):
+        return f"{path}: "  # jbig2dec reads (and rejects) the made-up image in its own words
+    return {"number-title": None, "lone-surrogate": None,
+            "encryption-v7": f"{path}: not a readable PDF (NotImplementedError: Encryption V=7 NOT supported)",
+            "certificate-encryption": f"{path}: not a readable PDF (NotImplementedError: only Standard PDF encryption "
+                                      "handler is available)",
+            "jbig2-stream": f"{path}: not a readable PDF (DependencyError: jbig2dec binary is not available.)"}[case]
+
+
+ODD_PDFS = ["number-title", "encryption-v7", "certificate-encryption", "jbig2-stream", "lone-surrogate"]
+
+
+@pytest.mark.parametrize("case", ODD_PDFS)
+def test_a_pdf_its_library_fails_on_is_that_files_one_line_error(tmp_path, capsys, case):
+    path = odd_pdf(tmp_path / f"{case}.pdf", case)
+    output = tmp_path / "corpus.jsonl"
+    code, out, err = ingest(capsys, "--documents", path, "--output", output)
+    expected = odd_pdf_error(path, case)
+    if expected:
+        assert_user_error(SimpleNamespace(returncode=code, stderr=err), expected)
+        assert not output.exists()
+        return
+    assert code == 0, err
+    (row,) = rows(output)
+    assert row["title"] == case  # a /Title that is not text is not used: the file name is
+    output.read_bytes().decode("utf-8")  # valid UTF-8, strictly
+    assert row["text"] == (PDF_PAGES[0].replace("T", "\ufffd") if case == "lone-surrogate" else PDF_PAGES[0])
+
+
+def test_skip_bad_files_lists_each_odd_pdf_and_ingests_the_rest(tmp_path, capsys):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    paths = {case: odd_pdf(docs / f"{case}.pdf", case) for case in ODD_PDFS}
+    output = tmp_path / "corpus.jsonl"
+    code, out, err = ingest(capsys, "--documents", docs, "--output", output, "--skip_bad_files")
+    assert code == 0, err
+    skipped = [line for line in err.splitlines() if line.startswith("skipped: ")]
+    refused = [case for case in ODD_PDFS if odd_pdf_error(paths[case], case)]
+    assert len(skipped) == len(err.splitlines()) == len(refused)  # one line each, nothing else
+    for line, case in zip(skipped, sorted(refused)):
+        assert line.startswith(f"skipped: {odd_pdf_error(paths[case], case)}"), line
+    assert sorted(r["document"] for r in rows(output)) == ["lone-surrogate.pdf", "number-title.pdf"]
+
+
+# --- deep markup, links, unreadable folders, named pipes ----------------------------------------------------------
+
+def deep_html(depth):
+    return ("<html><head><title>Deep</title></head><body><p>Before the deep part, a sentence.</p>"
+            + "<div>" * depth + "<p>The deep text sits here.</p>" + "</div>" * depth
+            + "<p>After the deep part, the last sentence.</p></body></html>")
+
+
+def test_markup_nested_deep_is_read_whole_or_refused(tmp_path, capsys):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "deep.html").write_text(deep_html(300))
+    # Markdown quoted 300 levels deep, and raw HTML in Markdown nested as deep
+    (docs / "quotes.md").write_text("Before the quote.\n\n" + "> " * 300 + "The deep quote.\n\nAfter the quote.\n")
+    (docs / "raw.md").write_text("Before the markup.\n\n" + "<div>" * 300 + "The deep markup.\n" + "</div>" * 300
+                                 + "\n\nAfter the markup.\n")
+    output = tmp_path / "corpus.jsonl"
+    code, _, err = ingest(capsys, "--documents", docs, "--output", output)
+    assert code == 0, err
+    text = {name: " ".join(r["text"] for r in passages) for name, passages in by_document(rows(output)).items()}
+    assert "The deep text sits here." in text["deep.html"] and "After the deep part" in text["deep.html"]
+    assert "The deep quote." in text["quotes.md"] and "After the quote." in text["quotes.md"]
+    assert "The deep markup." in text["raw.md"] and "After the markup." in text["raw.md"]
+
+    (too_deep := tmp_path / "too-deep.html").write_text(deep_html(3000))  # past what even huge_tree parses
+    code, _, err = ingest(capsys, "--documents", too_deep, "--output", output)
+    assert_user_error(SimpleNamespace(returncode=code, stderr=err),
+                      f"{too_deep}: the HTML parser stopped before the end (Excessive depth in document")
+
+
+def test_links_to_folders_are_followed_once_and_loops_listed(tmp_path, capsys):
+    docs, outside = tmp_path / "docs", tmp_path / "elsewhere"
+    (docs / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (docs / "a.txt").write_text("A file in the folder.")
+    (docs / "sub" / "b.txt").write_text("A file in a subfolder.")
+    (outside / "c.txt").write_text("A file the folder links to.")
+    (docs / "more").symlink_to(outside, target_is_directory=True)  # out of the folder: read as more/...
+    (docs / "alias").symlink_to(docs / "sub", target_is_directory=True)  # read already, as sub/
+    (docs / "sub" / "loop").symlink_to(docs, target_is_directory=True)  # the folder itself: a loop
+    (docs / "up").symlink_to(tmp_path, target_is_directory=True)  # a folder that holds it
+    output = tmp_path / "corpus.jsonl"
+    code, out, err = ingest(capsys, "--documents", docs, "--output", output)
+    assert code == 0, err
+    assert [r["document"] for r in rows(output)] == ["a.txt", "more/c.txt", "sub/b.txt"]
+    assert err.splitlines() == [
+        f"skipped: {docs / 'alias'}: a link to {docs / 'sub'}, a folder read already or inside one (not read twice)",
+        f"skipped: {docs / 'up'}: a link to {tmp_path}, which holds a folder read (not read twice)",
+        f"skipped: {docs / 'sub' / 'loop'}: a link to {docs}, a folder read already or inside one (not read twice)"]
+    assert "(3 skipped)" in out
+
+
+def ingestion(*args, launcher=(sys.executable,)):
+    """ingest_documents.py in a process of its own, as from a shell (a run that hangs is killed, not the tests):
+    (exit status, stdout, stderr)."""
+    proc = run_script("ingest_documents.py", *args, launcher=list(launcher), check=False, timeout=120)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def unprivileged():
+    """What runs a script to which a folder of mode 000 is unreadable: this interpreter, except as root, which reads
+    it all the same (CAP_DAC_OVERRIDE): then setpriv runs it without that capability; None where that cannot be."""
+    if os.geteuid() != 0:
+        return [sys.executable]
+    if shutil.which("setpriv"):
+        return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable]
+    return None
+
+
+def test_an_unreadable_folder_or_file_is_a_bad_input(tmp_path):
+    if (launcher := unprivileged()) is None:
+        pytest.skip("root reads a folder of mode 000, and setpriv (to run without that right) is not installed")
+    docs = tmp_path / "docs"
+    (docs / "locked").mkdir(parents=True)
+    (docs / "a.txt").write_text("A readable file.")
+    (docs / "locked" / "b.txt").write_text("A file in a folder no one may read.")
+    (docs / "secret.txt").write_text("A file no one may read.")
+    output = tmp_path / "corpus.jsonl"
+    for path in (docs / "locked", docs / "secret.txt"):
+        path.chmod(0)
+    try:
+        code, _, err = ingestion("--documents", docs, "--output", output, launcher=launcher)
+        assert_user_error(SimpleNamespace(returncode=code, stderr=err),
+                          f"{docs / 'locked'}: cannot read this folder (Permission denied)")
+        assert not output.exists()
+        code, out, err = ingestion("--documents", docs, "--output", output, "--skip_bad_files", launcher=launcher)
+        assert code == 0, err
+        assert err.splitlines() == [f"skipped: {docs / 'locked'}: cannot read this folder (Permission denied)",
+                                    f"skipped: {docs / 'secret.txt'}: cannot read it (Permission denied)"]
+        assert [r["document"] for r in rows(output)] == ["a.txt"]
+    finally:
+        for path in (docs / "locked", docs / "secret.txt"):
+            path.chmod(0o755)
+
+
+@pytest.mark.parametrize("flag", [[], ["--skip_bad_files"]], ids=["without-skip", "with-skip"])
+def test_a_named_pipe_is_never_opened_and_is_listed(tmp_path, flag):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("A good file.")
+    os.mkfifo(docs / "pipe.txt")  # opened to be read, it waits for a writer for ever
+    output = tmp_path / "corpus.jsonl"
+    for documents in ([docs], [docs / "pipe.txt", docs / "a.txt"]):  # in a folder, and given itself
+        code, _, err = ingestion("--documents", *documents, "--output", output, *flag)
+        assert code == 0, err
+        assert err.splitlines() == [f"skipped: {docs / 'pipe.txt'}: not a document (a named pipe)"]
+        assert [r["document"] for r in rows(output)] == ["a.txt"]
+
+
+# --- names -------------------------------------------------------------------------------------------------------
+
+def test_a_name_that_is_not_utf8_is_a_bad_input(tmp_path, capsys):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("A good file.")
+    with open(os.path.join(os.fsencode(docs), b"caf\xe9.txt"), "w") as f:  # a Latin-1 name
+        f.write("A file whose name no id can hold.")
+    bad = docs / "caf\\xe9.txt"  # named with the byte that is not UTF-8 escaped
+    output = tmp_path / "corpus.jsonl"
+    code, _, err = ingest(capsys, "--documents", docs, "--output", output)
+    assert_user_error(SimpleNamespace(returncode=code, stderr=err), f"{bad}: its name is not UTF-8 (rename it)")
+    code, _, err = ingest(capsys, "--documents", docs, "--output", output, "--skip_bad_files")
+    assert code == 0, err
+    assert err.splitlines() == [f"skipped: {bad}: its name is not UTF-8 (rename it)"]
+    assert [r["document"] for r in rows(output)] == ["a.txt"]
+
 
 # --- the splitting: characters, and sentences cut for the budget --------------------------------------------------
 
@@ -71,3 +293,48 @@ def test_a_sentence_cut_for_the_budget_comes_in_order_between_whole_sentences():
     passages = passages_of(" ".join(short + [long_sentence] + short))
     words = long_sentence.split()
     assert passages == [" ".join(short), " ".join(words[:100]), " ".join(words[80:] + short)]
+
+
+# --- every bad input at once ---------------------------------------------------------------------------------------
+
+def test_a_folder_of_every_bad_input_is_ingested_with_skip_bad_files_and_stops_without(tmp_path):
+    docs = tmp_path / "docs"
+    (docs / "locked").mkdir(parents=True)
+    (docs / "good.txt").write_text(" ".join(ARTICLE))
+    (docs / "locked" / "hidden-by-mode.txt").write_text("Unreadable.")
+    for case in ODD_PDFS:
+        odd_pdf(docs / f"{case}.pdf", case)
+    os.mkfifo(docs / "pipe.txt")
+    (docs / "deep.html").write_text(deep_html(3000))
+    (docs / "old.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
+    with open(os.path.join(os.fsencode(docs), b"caf\xe9.txt"), "w") as f:
+        f.write("A Latin-1 name.")
+    (docs / "loop").symlink_to(docs, target_is_directory=True)
+    launcher = unprivileged()
+    if launcher is None:  # root, and no setpriv: the folder of mode 000 would be read, so it is left readable
+        launcher = [sys.executable]
+        os.remove(docs / "locked" / "hidden-by-mode.txt")
+        os.rmdir(docs / "locked")
+    else:
+        (docs / "locked").chmod(0)
+    output = tmp_path / "corpus.jsonl"
+    try:
+        code, _, err = ingestion("--documents", docs, "--output", output, launcher=launcher)
+        assert_user_error(SimpleNamespace(returncode=code, stderr=err), str(docs))
+        assert not output.exists() and len(err.splitlines()) == 1
+        code, out, err = ingestion("--documents", docs, "--output", output, "--skip_bad_files", launcher=launcher)
+    finally:
+        if os.path.isdir(docs / "locked"):
+            (docs / "locked").chmod(0o755)
+    assert code == 0, err
+    skipped = err.splitlines()
+    assert all(line.startswith(f"skipped: {docs}") for line in skipped) and "Traceback" not in err
+    refused = {"deep.html", "old.txt", "pipe.txt", "loop", "caf\\xe9.txt"} | {
+        f"{case}.pdf" for case in ODD_PDFS if odd_pdf_error(docs / f"{case}.pdf", case)} | (
+        {"locked"} if os.path.isdir(docs / "locked") else set())
+    assert sorted(line.split(": ")[1][len(str(docs)) + 1:] for line in skipped) == sorted(refused)
+    corpus = rows(output)
+    assert {r["document"] for r in corpus} == {"good.txt", "lone-surrogate.pdf", "number-title.pdf"}
+    output.read_bytes().decode("utf-8")  # valid UTF-8
+    assert f"({len(refused)} skipped)" in out
+

@@ -1,6 +1,7 @@
 """Documents in, as text: the files ingest_documents.py reads, each through a library made for its format, as a title
 and blocks of text (paragraphs, headings, list items, table rows; a PDF's with their page), whitespace collapsed
-within a block. A file that cannot be read as a document is a one-line UserError naming it.
+within a block. A file that cannot be read as a document is a one-line UserError naming it: any failure of a
+format's library on one file is that file's error (`read_document`), never a traceback that ends the run.
 
 - .txt, .text: UTF-8 text; a block is a run of lines between blank lines. Title: the file name without extension.
 - .md, .markdown: UTF-8 Markdown rendered by Python-Markdown (fenced code and tables included), all of it content,
@@ -12,11 +13,22 @@ within a block. A file that cannot be read as a document is a one-line UserError
   trafilatura's (the page's meta tags, its one <h1> or its <title> without a site name), else the file name.
 - .pdf: the text layer by pypdf, page by page; a sentence is never carried across a page break. An encrypted PDF
   opens when its password is empty (as a viewer opens it). Title: the PDF's /Title, else the file name.
+
+HTML and Markdown are parsed however deep they nest (lxml's default parser stops at a depth and drops the rest
+without an error); a page the parser still stops in is refused. A title that is not text (a PDF's /Title that is a
+number) is not used, and every block and title is made valid UTF-8 (a lone surrogate, as a PDF's font map can give,
+becomes U+FFFD).
+
+Which files: a folder's regular files, its links to files and to folders followed, each folder read once (a link to
+a folder read already, or to one that holds it, is listed, not read twice). What is not a regular file (a named
+pipe, a socket, a device) is never opened: it is not a document, and is listed as such.
 """
 
+import io
 import logging
 import os
 import re
+import stat
 from copy import deepcopy
 from typing import NamedTuple, Optional
 
@@ -25,7 +37,7 @@ import markdown
 import trafilatura
 from lxml import etree
 from pypdf import PdfReader
-from pypdf.errors import FileNotDecryptedError, PyPdfError
+from pypdf.errors import FileNotDecryptedError
 from trafilatura.utils import decode_file
 
 from utils.errors import UserError
@@ -45,62 +57,126 @@ class Document(NamedTuple):
     pages: int  # a PDF's pages; 1 for any other document
 
 
-def document_files(paths: list[str]) -> list[tuple[str, str]]:
-    """(name, path) of every document given, sorted by name: a folder's files (all of its tree, hidden files and
-    folders left out) named by their path under it, with "/" between folders; a file given itself by its base
-    name. A path that does not exist, a folder without files, two documents of one name or one file reached twice
-    (a folder and a file in it) are UserErrors."""
-    found, real = {}, {}
+class NotADocument(UserError):
+    """A path that is not a regular file (a named pipe, a socket, a device): never opened, always left out."""
+
+
+def document_files(paths: list[str], skip_bad_files: bool = False) -> tuple[list[tuple[str, str]], list[str]]:
+    """(name, path) of every document given, sorted by name, and what was left out (a line each): a folder's files
+    (all of its tree, hidden files and folders left out, links followed) named by their path under it, with "/"
+    between folders; a file given itself by its base name. A folder is read once: a link to a folder read already or
+    inside one, or to a folder that holds one (a loop), is left out. An unreadable folder, or a name that is not
+    UTF-8, is a UserError, left out with `skip_bad_files`. A path that does not exist, a folder without files, two
+    documents of one name or one file reached twice (a folder and a file in it) are UserErrors."""
+    found, real, skipped = {}, {}, []
+
+    def bad(message: str):
+        if not skip_bad_files:
+            raise UserError(message)
+        skipped.append(message)
+
+    # the folders read, by their real paths: a link to a folder is followed only where it leads out of all of them
+    read = [os.path.realpath(given) for given in paths if os.path.isdir(given)]
     for given in paths:
         if os.path.isdir(given):
-            files = []
-            for top, dirs, names in os.walk(given):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            files, left_out = [], len(skipped)
+            walk = os.walk(given, followlinks=True,
+                           onerror=lambda err: bad(f"{err.filename}: cannot read this folder ({err.strerror or err})"))
+            for top, dirs, names in walk:
+                dirs[:] = [d for d in sorted(dirs) if not d.startswith(".") and followed(os.path.join(top, d), read,
+                                                                                        skipped)]
                 files += [os.path.join(top, n) for n in sorted(names) if not n.startswith(".")]
-            if not files:
+            if not files and len(skipped) == left_out:
                 raise UserError(f"{given}: no files in this folder (hidden ones are left out)")
             named = [(os.path.relpath(f, given).replace(os.sep, "/"), f) for f in files]
-        elif os.path.isfile(given):
+        elif os.path.lexists(given):
             named = [(os.path.basename(given), given)]
         else:
             raise UserError(f"{given}: no such file or folder")
         for name, path in named:
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:  # bytes the file system holds that are not UTF-8: no id can name it
+                bad(f"{os.fsencode(path).decode('utf-8', 'backslashreplace')}: its name is not UTF-8 (rename it)")
+                continue
             if name in found:
                 raise UserError(f"{name}: given twice ({found[name]} and {path})")
             if os.path.realpath(path) in real:  # one file under two names: its passages would be in twice
                 raise UserError(f"{path}: given twice (also as {real[os.path.realpath(path)]})")
             found[name], real[os.path.realpath(path)] = path, name
-    return sorted(found.items())
+    return sorted(found.items()), skipped
+
+
+def followed(path: str, read: list[str], skipped: list[str]) -> bool:
+    """Whether the walk goes into the folder `path`: yes unless it is a link to a folder read already or inside one,
+    or to a folder that holds one (then listed in `skipped`); a link followed joins the folders read."""
+    if not os.path.islink(path):
+        return True
+    target = os.path.realpath(path)
+    for folder in read:
+        if os.path.commonpath([folder, target]) == folder:
+            skipped.append(f"{path}: a link to {target}, a folder read already or inside one (not read twice)")
+            return False
+        if os.path.commonpath([folder, target]) == target:
+            skipped.append(f"{path}: a link to {target}, which holds a folder read (not read twice)")
+            return False
+    read.append(target)
+    return True
 
 
 def read_document(path: str, name: str) -> Document:
-    """The document at `path`, ingested under `name`: its title, blocks and pages, by the reader of its extension."""
+    """The document at `path`, ingested under `name`: its title, blocks and pages, by the reader of its extension.
+    Whatever goes wrong in the reading is a UserError naming the file (NotADocument where it is not a regular file)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        raise UserError(f"{path}: cannot read it ({err.strerror or err})") from None
+    if not stat.S_ISREG(mode):
+        raise NotADocument(f"{path}: not a document ({SPECIAL_FILES.get(stat.S_IFMT(mode), 'not a regular file')})")
     extension = os.path.splitext(path)[1].lower()
     if extension not in READERS:
         raise UserError(f"{path}: unsupported type {extension or '(no extension)'} ({FORMATS} are read)")
-    stem = os.path.splitext(os.path.basename(name))[0]
+    reader, kind = READERS[extension]
     try:
-        title, blocks, pages = READERS[extension](path)
+        # O_NONBLOCK: a named pipe put in the file's place since the check above is read as empty, not waited on
+        with open(path, "rb", opener=lambda file, flags: os.open(file, flags | os.O_NONBLOCK)) as f:
+            raw = f.read()
+        title, blocks, pages = reader(path, raw)
+    except UserError:
+        raise
     except OSError as err:
         raise UserError(f"{path}: cannot read it ({err.strerror or err})") from None
+    except Exception as err:  # the format's library failed on this file (not Ctrl-C: that is no Exception)
+        error = f"{type(err).__name__}: {collapsed(str(err))}" if collapsed(str(err)) else type(err).__name__
+        raise UserError(f"{path}: not a readable {kind} ({error})") from None
+    blocks = [(valid_text(text), page) for text, page in blocks]
     if not blocks:
         raise UserError(f"{path}: no text")
-    return Document(name, " ".join((title or "").split()) or stem, blocks, pages)
+    stem = os.path.splitext(os.path.basename(name))[0]
+    return Document(name, collapsed(valid_text(title)) if isinstance(title, str) and title.strip() else stem, blocks,
+                    pages)
 
 
-def read_bytes(path: str) -> bytes:
+SPECIAL_FILES = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device",
+                 stat.S_IFBLK: "a device"}
+
+
+def valid_text(text: str) -> str:
+    """`text` as UTF-8 can hold it: surrogate pairs joined, a lone surrogate (which no UTF-8 writer takes) U+FFFD."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def text_bytes(path: str, raw: bytes) -> bytes:
     """A text format's bytes; a NUL byte means a binary file (text never holds one)."""
-    with open(path, "rb") as f:
-        raw = f.read()
     if b"\0" in raw:
         raise UserError(f"{path}: a binary file, not text")
     return raw
 
 
-def read_text(path: str) -> str:
+def read_text(path: str, raw: bytes) -> str:
     """A UTF-8 text file (a byte-order mark allowed); anything else is a binary file."""
     try:
-        return read_bytes(path).decode("utf-8-sig")
+        return text_bytes(path, raw).decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise UserError(f"{path}: a binary file, not text (not UTF-8: {err.reason} at byte {err.start})") from None
 
@@ -155,13 +231,27 @@ def visible_blocks(root) -> list[str]:
     return text_blocks(root, HTML_BLOCKS)
 
 
-def read_txt(path: str):
-    return None, paragraphs(read_text(path)), 1
+def html_tree(path: str, html: str, fragment: bool = False):
+    """lxml's tree of a page (of a fragment: under a <div>), however deep its elements nest: lxml's default parser
+    stops at a depth and drops the rest of the page without an error, huge_tree reads far deeper; a page it still
+    stops in is a UserError, not a page cut short."""
+    parser = lxml.html.HTMLParser(encoding="utf-8", huge_tree=True)
+    data = html.encode("utf-8")
+    tree = (lxml.html.fragment_fromstring(data, create_parent="div", parser=parser) if fragment else
+            lxml.html.document_fromstring(data, parser=parser))
+    for error in parser.error_log:
+        if error.level == etree.ErrorLevels.FATAL:  # (libxml2's advice to use XML_PARSE_HUGE, taken, left out)
+            raise UserError(f"{path}: the HTML parser stopped before the end ({error.message.split(', use ')[0]}): "
+                            "its text would be cut")
+    return tree
 
 
-def read_markdown(path: str):
-    html = markdown.markdown(read_text(path), extensions=["fenced_code", "tables"])
-    root = lxml.html.fragment_fromstring(html, create_parent="div")
+def read_txt(path: str, raw: bytes):
+    return None, paragraphs(read_text(path, raw)), 1
+
+
+def read_markdown(path: str, raw: bytes):
+    root = html_tree(path, markdown.markdown(read_text(path, raw), extensions=["fenced_code", "tables"]), fragment=True)
     heading = root.xpath("(//h1|//h2|//h3|//h4|//h5|//h6)[1]")
     return heading[0].text_content() if heading else None, [(b, None) for b in visible_blocks(root)], 1
 
@@ -171,11 +261,10 @@ def read_markdown(path: str):
 MAIN_TEXT_SHARE = 0.1
 
 
-def read_html(path: str):
+def read_html(path: str, raw: bytes):
     # decoded as trafilatura decodes (UTF-8, else the detected charset), parsed once, each extraction on a copy
-    html = decode_file(read_bytes(path))
     try:
-        tree = lxml.html.document_fromstring(html.encode("utf-8"), parser=lxml.html.HTMLParser(encoding="utf-8"))
+        tree = html_tree(path, decode_file(text_bytes(path, raw)))
     except etree.ParserError:  # nothing but whitespace
         return None, [], 1
     visible = visible_blocks(tree)
@@ -199,20 +288,20 @@ def extracted(tree, favor_recall: bool) -> list[str]:
     return text_blocks(document.body, XML_BLOCKS) if document is not None and document.body is not None else []
 
 
-def read_pdf(path: str):
+def read_pdf(path: str, raw: bytes):
     try:
-        reader = PdfReader(path)
+        reader = PdfReader(io.BytesIO(raw))
         title = reader.metadata.title if reader.metadata else None
         texts = [page.extract_text() for page in reader.pages]
     except FileNotDecryptedError:
         raise UserError(f"{path}: an encrypted PDF (its text cannot be read without the password)") from None
-    except (PyPdfError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
-        raise UserError(f"{path}: not a readable PDF ({collapsed(str(err)) or type(err).__name__})") from None
     blocks = [block for number, text in enumerate(texts, 1) for block in paragraphs(text, number)]
     if not blocks:
         raise UserError(f"{path}: no text layer (a scanned PDF? run OCR first)")
     return title, blocks, len(texts)
 
 
-READERS = {".txt": read_txt, ".text": read_txt, ".md": read_markdown, ".markdown": read_markdown,
-           ".html": read_html, ".htm": read_html, ".pdf": read_pdf}
+# each extension's reader and what the file is to be read as
+READERS = {".txt": (read_txt, "text file"), ".text": (read_txt, "text file"), ".md": (read_markdown, "Markdown file"),
+           ".markdown": (read_markdown, "Markdown file"), ".html": (read_html, "HTML page"),
+           ".htm": (read_html, "HTML page"), ".pdf": (read_pdf, "PDF")}
