@@ -4,24 +4,24 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 
   python ingest_documents.py --documents docs/ notes.md report.pdf --output corpus.jsonl
       Reads every file under each folder (hidden ones left out, links followed) and each file given, one document at
-      a time (utils/files/documents.py: each format's reader and title), cuts each into passages
+      a time (utils/files/documents.py: each format's reader, encodings and title), cuts each into passages
       (utils/splitting.py) and writes JSON lines {passage_id, title, text, document, passage, page} for
       index_corpus.py --passages and qa_system.py --passages. The whole file or nothing: an earlier --output stays as
       it was until the run ends.
 
 Names and ids, the same on every run: a file under a folder given is named by its path under it ("guide/intro.md"),
-a file given itself by its base name; its passages are NAME#0, NAME#1, ... (`passage`: that number; `page`: a PDF's
-page the passage starts on). Documents are written in the order of their names: the same files, the same bytes.
-A passage is whole sentences up to --max_words words and --max_chars characters, starting with the previous one's
-last sentences of up to --overlap_words; a longer sentence is cut into pieces that overlap as much.
+a file given itself by its base name, in Unicode NFC; its passages are NAME#0, NAME#1, ... (`passage`: that number;
+`page`: a PDF's page the passage starts on). Documents are written in the order of their names: the same files, the
+same bytes. A passage is whole sentences up to --max_words words and --max_chars characters, starting with the
+previous one's last sentences of up to --overlap_words; a longer sentence is cut into pieces that overlap as much.
 
-Refused in one line naming the file: a type other than txt, md, html, pdf; a binary file; a file without text; a PDF
-without a text layer, locked by a password or unreadable (whatever its library fails on); a page nested too deep to
-parse whole; an unreadable folder or file; a name that is not UTF-8; two documents of one name; an --output that is
-a folder, lies in a folder given or is a file given. A bad file stops the run; --skip_bad_files leaves it out and
-lists it (a name given twice is refused even so: two documents would share their passages' ids). Never read, and
-always listed as left out: what is not a regular file (a named pipe, a socket, a device), and a link to a folder read
-already or to one holding it (a loop).
+Refused in one line naming the file: a type other than txt, md, html, pdf; a binary file; text not in UTF-8 whose
+encoding cannot be told; a file without text; a PDF without a text layer, damaged, locked by a password or
+unreadable (whatever its library fails on); a page nested too deep to parse whole; an unreadable folder or file; a
+name that is not UTF-8; two documents of one name; an --output that is a folder, lies in a folder given or is a file
+given. A bad file stops the run; --skip_bad_files leaves it out and lists it (a name given twice is refused even so:
+two documents would share their passages' ids). Never read, and always listed as left out: what is not a regular
+file (a named pipe, a socket, a device), and a link to a folder read already or to one holding it (a loop).
 """
 
 import os

@@ -1,12 +1,14 @@
-"""ingest_documents.py on the inputs that stopped it, hung it or lost text quietly (issue 58, items 6, 7, 8, 11),
+"""ingest_documents.py on the inputs that stopped it, hung it or lost text quietly (issue 58, items 6, 7, 8, 10, 11),
 each written by the test with the real libraries (fpdf2 and pypdf for the PDFs, os.mkfifo for a named pipe): a
 format's library failing on one file is that file's one-line error, skipped with --skip_bad_files; what is written is
 valid UTF-8; deep markup, links to folders and unreadable folders are read or listed, never dropped quietly; what is
-not a regular file is never opened; passages are bounded in characters too, and a sentence cut for the budget
-overlaps."""
+not a regular file is never opened; text in other encodings is decoded or named; names are NFC; Markdown's front
+matter gives the title; passages are bounded in characters too, and a sentence cut for the budget overlaps."""
 
+import codecs
 import json
 import os
+import random
 import shutil
 import sys
 from types import SimpleNamespace
@@ -51,6 +53,8 @@ def odd_pdf(path, case):
         writer._encrypt_entry[NameObject(key)] = value
     elif case == "jbig2-stream":  # a filter pypdf decodes only with the jbig2dec program
         page.replace_contents(stream(b"\x97JB2\r\n\x1a\n" + bytes(range(1, 40)), "/JBIG2Decode"))
+    elif case == "corrupt-flate":  # a page's compressed stream that does not decompress
+        page.replace_contents(stream(b"x\x9c this is not deflate data", "/FlateDecode"))
     elif case == "lone-surrogate":  # the font's ToUnicode map sends "T" to U+D800, which UTF-8 cannot hold
         for font in page["/Resources"]["/Font"].values():
             font.get_object()[NameObject("/ToUnicode")] = writer._add_object(stream(LONE_SURROGATE_CMAP))
@@ -68,10 +72,13 @@ def odd_pdf_error(path, case):
             "encryption-v7": f"{path}: not a readable PDF (NotImplementedError: Encryption V=7 NOT supported)",
             "certificate-encryption": f"{path}: not a readable PDF (NotImplementedError: only Standard PDF encryption "
                                       "handler is available)",
-            "jbig2-stream": f"{path}: not a readable PDF (DependencyError: jbig2dec binary is not available.)"}[case]
+            "jbig2-stream": f"{path}: not a readable PDF (DependencyError: jbig2dec binary is not available.)",
+            "corrupt-flate": f"{path}: a damaged PDF (no text could be read; pypdf: Error -3 while decompressing "
+                             "data: "}[case]
 
 
-ODD_PDFS = ["number-title", "encryption-v7", "certificate-encryption", "jbig2-stream", "lone-surrogate"]
+ODD_PDFS = ["number-title", "encryption-v7", "certificate-encryption", "jbig2-stream", "corrupt-flate",
+            "lone-surrogate"]
 
 
 @pytest.mark.parametrize("case", ODD_PDFS)
@@ -215,7 +222,62 @@ def test_a_named_pipe_is_never_opened_and_is_listed(tmp_path, flag):
         assert [r["document"] for r in rows(output)] == ["a.txt"]
 
 
-# --- names -------------------------------------------------------------------------------------------------------
+# --- encodings, names, front matter -------------------------------------------------------------------------------
+
+FRENCH = ("Le phare d'Alexandrie fut construit sous le règne de Ptolémée II. Il était considéré comme l'une des sept "
+          "merveilles du monde. Sa hauteur est estimée à plus de cent mètres, ce qui en faisait l'une des plus hautes "
+          "structures de son époque. Des tremblements de terre l'endommagèrent entre 956 et 1323.")
+
+
+def test_text_is_decoded_by_its_byte_order_mark_or_its_detected_encoding(tmp_path, capsys):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    page = f"<html><head><title>Le phare</title></head><body><article><p>{FRENCH}</p></article></body></html>"
+    (docs / "utf16.txt").write_bytes("\ufeff".encode("utf-16-le") + ARTICLE[0].encode("utf-16-le"))
+    (docs / "utf16.html").write_bytes(page.encode("utf-16"))  # the codec writes the mark (little-endian here)
+    (docs / "utf32.md").write_bytes(f"# Le phare\n\n{FRENCH}\n".encode("utf-32"))
+    (docs / "bom.txt").write_bytes(b"\xef\xbb\xbf" + FRENCH.encode("utf-8"))
+    (docs / "latin1.txt").write_bytes(FRENCH.encode("latin-1"))  # long enough for its encoding to be told
+    (docs / "cp1252.html").write_bytes(page.replace("</p>", " \u201cC\u2019est l\u2019histoire du phare.\u201d</p>")
+                                       .encode("cp1252"))
+    output = tmp_path / "corpus.jsonl"
+    code, _, err = ingest(capsys, "--documents", docs, "--output", output)
+    assert code == 0, err
+    docs_read = by_document(rows(output))
+    text = {name: " ".join(r["text"] for r in passages) for name, passages in docs_read.items()}
+    assert text["utf16.txt"] == ARTICLE[0]
+    for name in ("utf16.html", "utf32.md", "bom.txt", "latin1.txt"):
+        assert " ".join(text[name].split()).endswith(FRENCH), name
+    assert " ".join(text["cp1252.html"].split()).endswith(f"{FRENCH} \u201cC\u2019est l\u2019histoire du phare.\u201d")
+    assert {docs_read[name][0]["title"] for name in ("utf16.html", "cp1252.html", "utf32.md")} == {"Le phare"}
+
+    # bytes no encoding reads as text, without a NUL byte: a binary file, not a page of replacement characters
+    rng = random.Random(0)
+    (noise := tmp_path / "noise.html").write_bytes(bytes(rng.randrange(1, 256) for _ in range(4096)))
+    code, _, err = ingest(capsys, "--documents", noise, "--output", output)
+    assert_user_error(SimpleNamespace(returncode=code, stderr=err), f"{noise}: a binary file, not text (not UTF-8: ")
+    (torn := tmp_path / "torn.txt").write_bytes(codecs.BOM_UTF16_LE + b"\x00\xd8")  # a lone surrogate after the mark
+    code, _, err = ingest(capsys, "--documents", torn, "--output", output)
+    assert_user_error(SimpleNamespace(returncode=code, stderr=err),
+                      f"{torn}: not UTF-16 text although it starts with its byte-order mark (")
+
+
+def test_names_are_nfc_and_two_of_one_nfc_name_are_refused(tmp_path, capsys):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    composed, decomposed = "caf\u00e9.txt", "cafe\u0301.txt"
+    (docs / decomposed).write_text("A file named in decomposed Unicode.")
+    output = tmp_path / "corpus.jsonl"
+    code, _, err = ingest(capsys, "--documents", docs, "--output", output)
+    assert code == 0, err
+    assert [(r["passage_id"], r["document"], r["title"]) for r in rows(output)] == [
+        (f"{composed}#0", composed, "caf\u00e9")]
+    (docs / composed).write_text("The same name, composed.")
+    code, _, err = ingest(capsys, "--documents", docs, "--output", output, "--skip_bad_files")
+    assert_user_error(SimpleNamespace(returncode=code, stderr=err),
+                      f"{composed}: given twice ({docs / decomposed} and {docs / composed}, names equal in Unicode "
+                      "NFC)")
+
 
 def test_a_name_that_is_not_utf8_is_a_bad_input(tmp_path, capsys):
     docs = tmp_path / "docs"
@@ -231,6 +293,24 @@ def test_a_name_that_is_not_utf8_is_a_bad_input(tmp_path, capsys):
     assert code == 0, err
     assert err.splitlines() == [f"skipped: {bad}: its name is not UTF-8 (rename it)"]
     assert [r["document"] for r in rows(output)] == ["a.txt"]
+
+
+def test_markdown_front_matter_gives_the_title_and_is_not_text(tmp_path, capsys):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "front.md").write_text("---\ntitle: The Keeper's Guide\ndate: 2024-05-01\ntags: [lamp, log]\n---\n\n"
+                                   "# Intro\n\nRead the log first.\n")
+    (docs / "number.md").write_text("---\ntitle: 1984\n---\n# The heading\n\nA title that is a number.\n")
+    (docs / "malformed.md").write_text("---\ntitle: [unclosed\n---\n\nThe text after it.\n")  # not YAML: text
+    output = tmp_path / "corpus.jsonl"
+    code, _, err = ingest(capsys, "--documents", docs, "--output", output)
+    assert code == 0, err
+    docs_read = by_document(rows(output))
+    assert [(r["title"], r["text"]) for r in docs_read["front.md"]] == [("The Keeper's Guide",
+                                                                         "Intro\nRead the log first.")]
+    assert docs_read["number.md"][0]["title"] == "The heading"  # a title that is not a string is not used
+    assert "title: [unclosed" in docs_read["malformed.md"][0]["text"]
+    assert "The text after it." in docs_read["malformed.md"][0]["text"]
 
 
 # --- the splitting: characters, and sentences cut for the budget --------------------------------------------------
@@ -306,6 +386,7 @@ def test_a_folder_of_every_bad_input_is_ingested_with_skip_bad_files_and_stops_w
         odd_pdf(docs / f"{case}.pdf", case)
     os.mkfifo(docs / "pipe.txt")
     (docs / "deep.html").write_text(deep_html(3000))
+    (docs / "noise.html").write_bytes(random.Random(0).randbytes(4096).replace(b"\0", b""))
     (docs / "old.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
     with open(os.path.join(os.fsencode(docs), b"caf\xe9.txt"), "w") as f:
         f.write("A Latin-1 name.")
@@ -329,7 +410,7 @@ def test_a_folder_of_every_bad_input_is_ingested_with_skip_bad_files_and_stops_w
     assert code == 0, err
     skipped = err.splitlines()
     assert all(line.startswith(f"skipped: {docs}") for line in skipped) and "Traceback" not in err
-    refused = {"deep.html", "old.txt", "pipe.txt", "loop", "caf\\xe9.txt"} | {
+    refused = {"deep.html", "noise.html", "old.txt", "pipe.txt", "loop", "caf\\xe9.txt"} | {
         f"{case}.pdf" for case in ODD_PDFS if odd_pdf_error(docs / f"{case}.pdf", case)} | (
         {"locked"} if os.path.isdir(docs / "locked") else set())
     assert sorted(line.split(": ")[1][len(str(docs)) + 1:] for line in skipped) == sorted(refused)

@@ -192,9 +192,9 @@ def bad_file(tmp_path, case):
     if case == "binary-txt":
         (path := tmp_path / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
         return [path], f"{path}: a binary file, not text"
-    if case == "latin1-txt":
+    if case == "latin1-txt":  # too short for its encoding to be told (Latin-1? Cyrillic? Greek?)
         (path := tmp_path / "old.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
-        return [path], f"{path}: a binary file, not text (not UTF-8: invalid continuation byte at byte 3)"
+        return [path], f"{path}: not UTF-8 text (invalid continuation byte at byte 3) and its encoding cannot be told"
     if case == "empty-txt":
         (path := tmp_path / "empty.txt").write_text(" \n\n \n")
         return [path], f"{path}: no text"

@@ -3,9 +3,11 @@ and blocks of text (paragraphs, headings, list items, table rows; a PDF's with t
 within a block. A file that cannot be read as a document is a one-line UserError naming it: any failure of a
 format's library on one file is that file's error (`read_document`), never a traceback that ends the run.
 
-- .txt, .text: UTF-8 text; a block is a run of lines between blank lines. Title: the file name without extension.
-- .md, .markdown: UTF-8 Markdown rendered by Python-Markdown (fenced code and tables included), all of it content,
-  code blocks kept as text. Title: the first heading, else the file name.
+- .txt, .text: text; a block is a run of lines between blank lines. Title: the file name without extension.
+- .md, .markdown: Markdown rendered by Python-Markdown (fenced code and tables included), all of it content, code
+  blocks kept as text. YAML front matter (`---` lines around it at the very start of the file) is read with
+  PyYAML, not taken as text: its `title` is the title; front matter that is not a YAML mapping is left as text.
+  Title: front matter's, else the first heading, else the file name.
 - .html, .htm: the main text by trafilatura (navigation, headers, footers, scripts, ads and user comments left out).
   Where that keeps less than a tenth of the page's visible words (the page's text sits in markup trafilatura takes
   for boilerplate, as a sidebar's <nav>), trafilatura again with favor_recall, which keeps more; where that too
@@ -14,36 +16,44 @@ format's library on one file is that file's error (`read_document`), never a tra
 - .pdf: the text layer by pypdf, page by page; a sentence is never carried across a page break. An encrypted PDF
   opens when its password is empty (as a viewer opens it). Title: the PDF's /Title, else the file name.
 
-HTML and Markdown are parsed however deep they nest (lxml's default parser stops at a depth and drops the rest
-without an error); a page the parser still stops in is refused. A title that is not text (a PDF's /Title that is a
-number) is not used, and every block and title is made valid UTF-8 (a lone surrogate, as a PDF's font map can give,
-becomes U+FFFD).
+Text (.txt, .md, .html) is decoded by its byte-order mark (UTF-8, UTF-16, UTF-32), else as UTF-8, else in the
+encoding charset-normalizer detects where it names one reading; a NUL byte without a byte-order mark, or bytes no
+encoding reads as text, make a binary file, and text in an encoding that cannot be told is "not UTF-8 text". HTML and
+Markdown are parsed however deep they nest (lxml's default parser stops at a depth and drops the rest without an
+error); a page the parser still stops in is refused. A title that is not text (a PDF's /Title that is a number) is
+not used, and every block and title is made valid UTF-8 (a lone surrogate, as a PDF's font map can give, becomes
+U+FFFD).
 
 Which files: a folder's regular files, its links to files and to folders followed, each folder read once (a link to
-a folder read already, or to one that holds it, is listed, not read twice). What is not a regular file (a named
-pipe, a socket, a device) is never opened: it is not a document, and is listed as such.
+a folder read already, or to one that holds it, is listed, not read twice); names normalised to Unicode NFC. What is
+not a regular file (a named pipe, a socket, a device) is never opened: it is not a document, and is listed as such.
 """
 
+import codecs
 import io
 import logging
 import os
 import re
 import stat
+import unicodedata
+from contextlib import contextmanager
 from copy import deepcopy
 from typing import NamedTuple, Optional
 
 import lxml.html
 import markdown
 import trafilatura
+import yaml
+from charset_normalizer import from_bytes
 from lxml import etree
 from pypdf import PdfReader
 from pypdf.errors import FileNotDecryptedError
-from trafilatura.utils import decode_file
 
 from utils.errors import UserError
 
 # The libraries log what they repair or drop in a file (a PDF's broken cross-reference, a page's discarded data) as
-# warnings: a line each that says nothing about the corpus. Their errors still show.
+# warnings: a line each that says nothing about the corpus. Their errors still show. What pypdf logs while a PDF's
+# text is extracted is kept instead (`logged`): where no text came out, it tells a damaged PDF from a scanned one.
 for library in ("pypdf", "trafilatura"):
     logging.getLogger(library).setLevel(logging.ERROR)
 
@@ -64,11 +74,12 @@ class NotADocument(UserError):
 def document_files(paths: list[str], skip_bad_files: bool = False) -> tuple[list[tuple[str, str]], list[str]]:
     """(name, path) of every document given, sorted by name, and what was left out (a line each): a folder's files
     (all of its tree, hidden files and folders left out, links followed) named by their path under it, with "/"
-    between folders; a file given itself by its base name. A folder is read once: a link to a folder read already or
-    inside one, or to a folder that holds one (a loop), is left out. An unreadable folder, or a name that is not
-    UTF-8, is a UserError, left out with `skip_bad_files`. A path that does not exist, a folder without files, two
-    documents of one name or one file reached twice (a folder and a file in it) are UserErrors."""
-    found, real, skipped = {}, {}, []
+    between folders; a file given itself by its base name; names in Unicode NFC. A folder is read once: a link to a
+    folder read already or inside one, or to a folder that holds one (a loop), is left out. An unreadable folder, or
+    a name that is not UTF-8, is a UserError, left out with `skip_bad_files`. A path that does not exist, a folder
+    without files, two documents of one name (once in NFC) or one file reached twice (a folder and a file in it) are
+    UserErrors."""
+    found, spelt, real, skipped = {}, {}, {}, []
 
     def bad(message: str):
         if not skip_bad_files:
@@ -93,17 +104,19 @@ def document_files(paths: list[str], skip_bad_files: bool = False) -> tuple[list
             named = [(os.path.basename(given), given)]
         else:
             raise UserError(f"{given}: no such file or folder")
-        for name, path in named:
+        for raw, path in named:
             try:
-                name.encode("utf-8")
+                raw.encode("utf-8")
             except UnicodeEncodeError:  # bytes the file system holds that are not UTF-8: no id can name it
                 bad(f"{os.fsencode(path).decode('utf-8', 'backslashreplace')}: its name is not UTF-8 (rename it)")
                 continue
+            name = unicodedata.normalize("NFC", raw)  # "café" is one name however its letters are encoded
             if name in found:
-                raise UserError(f"{name}: given twice ({found[name]} and {path})")
+                nfc = "" if spelt[name] == raw else ", names equal in Unicode NFC"
+                raise UserError(f"{name}: given twice ({found[name]} and {path}{nfc})")
             if os.path.realpath(path) in real:  # one file under two names: its passages would be in twice
                 raise UserError(f"{path}: given twice (also as {real[os.path.realpath(path)]})")
-            found[name], real[os.path.realpath(path)] = path, name
+            found[name], spelt[name], real[os.path.realpath(path)] = path, raw, name
     return sorted(found.items()), skipped
 
 
@@ -166,19 +179,38 @@ def valid_text(text: str) -> str:
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-def text_bytes(path: str, raw: bytes) -> bytes:
-    """A text format's bytes; a NUL byte means a binary file (text never holds one)."""
+# A byte-order mark names its encoding (the codec reads the mark); UTF-32's first: UTF-32 LE's starts with UTF-16 LE's.
+BYTE_ORDER_MARKS = [(codecs.BOM_UTF32_LE, "utf-32", "UTF-32"), (codecs.BOM_UTF32_BE, "utf-32", "UTF-32"),
+                    (codecs.BOM_UTF8, "utf-8-sig", "UTF-8"), (codecs.BOM_UTF16_LE, "utf-16", "UTF-16"),
+                    (codecs.BOM_UTF16_BE, "utf-16", "UTF-16")]
+
+
+def decoded(path: str, raw: bytes) -> str:
+    """A text format's bytes as text: by its byte-order mark, else UTF-8, else the encoding charset-normalizer
+    detects where it names one reading (no other reading it finds as plausible by both its measures, as little chaos
+    and as much coherence, reads otherwise). A NUL byte (which text without a byte-order mark does not hold), or
+    bytes no encoding reads as text, are a binary file; text whose encoding cannot be told is "not UTF-8 text"."""
+    for mark, codec, encoding in BYTE_ORDER_MARKS:
+        if raw.startswith(mark):
+            try:
+                return raw.decode(codec)
+            except UnicodeDecodeError as err:
+                raise UserError(f"{path}: not {encoding} text although it starts with its byte-order mark "
+                                f"({err.reason} at byte {err.start})") from None
     if b"\0" in raw:
         raise UserError(f"{path}: a binary file, not text")
-    return raw
-
-
-def read_text(path: str, raw: bytes) -> str:
-    """A UTF-8 text file (a byte-order mark allowed); anything else is a binary file."""
     try:
-        return text_bytes(path, raw).decode("utf-8-sig")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise UserError(f"{path}: a binary file, not text (not UTF-8: {err.reason} at byte {err.start})") from None
+        not_utf8 = f"{err.reason} at byte {err.start}"
+    readings = from_bytes(raw)
+    best = readings.best()
+    if best is None:
+        raise UserError(f"{path}: a binary file, not text (not UTF-8: {not_utf8}; no encoding reads it as text)")
+    if any(r.chaos <= best.chaos and r.coherence >= best.coherence and str(r) != str(best)
+           for r in readings if r is not best):
+        raise UserError(f"{path}: not UTF-8 text ({not_utf8}) and its encoding cannot be told (save it as UTF-8)")
+    return str(best)
 
 
 def collapsed(text: str) -> str:
@@ -247,13 +279,27 @@ def html_tree(path: str, html: str, fragment: bool = False):
 
 
 def read_txt(path: str, raw: bytes):
-    return None, paragraphs(read_text(path, raw)), 1
+    return None, paragraphs(decoded(path, raw)), 1
+
+
+# YAML front matter: "---" lines around it at the very start of a Markdown file (Jekyll's, Hugo's, Obsidian's)
+FRONT_MATTER = re.compile(r"---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|$)", re.DOTALL)
 
 
 def read_markdown(path: str, raw: bytes):
-    root = html_tree(path, markdown.markdown(read_text(path, raw), extensions=["fenced_code", "tables"]), fragment=True)
-    heading = root.xpath("(//h1|//h2|//h3|//h4|//h5|//h6)[1]")
-    return heading[0].text_content() if heading else None, [(b, None) for b in visible_blocks(root)], 1
+    text, title = decoded(path, raw), None
+    if front := FRONT_MATTER.match(text):
+        try:
+            matter = yaml.safe_load(front.group(1))
+        except yaml.YAMLError:  # not YAML: Markdown that happens to start with a rule, left as text
+            matter = None
+        if isinstance(matter, dict):
+            text, title = text[front.end():], matter.get("title")
+    root = html_tree(path, markdown.markdown(text, extensions=["fenced_code", "tables"]), fragment=True)
+    if not isinstance(title, str) or not title.strip():
+        heading = root.xpath("(//h1|//h2|//h3|//h4|//h5|//h6)[1]")
+        title = heading[0].text_content() if heading else None
+    return title, [(b, None) for b in visible_blocks(root)], 1
 
 
 # Trafilatura's extraction is taken where it keeps at least this share of the page's visible words: less, and it has
@@ -262,9 +308,9 @@ MAIN_TEXT_SHARE = 0.1
 
 
 def read_html(path: str, raw: bytes):
-    # decoded as trafilatura decodes (UTF-8, else the detected charset), parsed once, each extraction on a copy
+    # parsed once, each extraction on a copy
     try:
-        tree = html_tree(path, decode_file(text_bytes(path, raw)))
+        tree = html_tree(path, decoded(path, raw))
     except etree.ParserError:  # nothing but whitespace
         return None, [], 1
     visible = visible_blocks(tree)
@@ -288,14 +334,35 @@ def extracted(tree, favor_recall: bool) -> list[str]:
     return text_blocks(document.body, XML_BLOCKS) if document is not None and document.body is not None else []
 
 
+@contextmanager
+def logged(library: str):
+    """What `library` logs (warnings and errors) while the block runs, a line each: kept, not shown."""
+    logger, messages, handler = logging.getLogger(library), [], logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(collapsed(record.getMessage()))
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
 def read_pdf(path: str, raw: bytes):
     try:
         reader = PdfReader(io.BytesIO(raw))
         title = reader.metadata.title if reader.metadata else None
-        texts = [page.extract_text() for page in reader.pages]
+        # pypdf logs a stream it cannot decode (a corrupt compressed page) and reads it as no text
+        with logged("pypdf") as problems:
+            texts = [page.extract_text() for page in reader.pages]
     except FileNotDecryptedError:
         raise UserError(f"{path}: an encrypted PDF (its text cannot be read without the password)") from None
     blocks = [block for number, text in enumerate(texts, 1) for block in paragraphs(text, number)]
+    if not blocks and problems:
+        raise UserError(f"{path}: a damaged PDF (no text could be read; pypdf: {problems[0]})")
     if not blocks:
         raise UserError(f"{path}: no text layer (a scanned PDF? run OCR first)")
     return title, blocks, len(texts)
