@@ -5,7 +5,7 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
   python index_corpus.py --retriever outputs/dpr-squad --passages ../shared/data/dpr/passages.jsonl \
       --output_dir outputs/corpus-index
       Embeds the corpus exactly as the retriever ranks it (its sentence windows, titles, lengths, precision),
-      chunk by chunk, and writes the index (utils/search/index_format.py) that qa_system.py --index, serve.py
+      chunk by chunk, and writes the index (utils/index/format.py) that qa_system.py --index, serve.py
       --index, train_dpr.py --do_train false --index and Index.load read where it lies.
 
   accelerate launch index_corpus.py ...        (on CPUs: ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N ...)
@@ -19,7 +19,7 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
   Run again on a complete index after the corpus changed (documents added, changed or removed, then
   ingest_documents.py again): the index is updated, not rebuilt. Passages whose title and text are unchanged keep
   their vectors bit for bit, only the others are embedded, and BM25 is built again where the index has it
-  (utils/retriever/index_update.py). The new version is published in one rename and a running serve.py picks it up.
+  (utils/index/update.py). The new version is published in one rename and a running serve.py picks it up.
   The same corpus again: up to date, nothing written.
 
   The directory is locked while a run writes it: a second run on it meanwhile is refused. --overwrite_output_dir
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from utils.errors import UserError, check_at_least_one, exit_on_user_error
-from utils.retriever.index_writer import build_index
+from utils.index.writer import build_index
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
 from utils.runtime.flags import arg, check_input_files, parse_args, process_group_timeout_arg
@@ -84,7 +84,7 @@ def main(argv=None):
     device = "cuda" if accelerator.device.type == "cuda" else "cpu"
     retriever = Retriever(args.retriever, device=device, batch_size=args.batch_size, precision=args.mixed_precision)
 
-    # --- data, embed, finish: utils/retriever/index_writer.py (the corpus checked before anything is written) --
+    # --- data, embed, finish: utils/index/writer.py (the corpus checked before anything is written) --
     meta = build_index(accelerator, retriever, args.passages, args.output_dir, args.dtype, args.chunk_passages,
                        args.bm25, args.overwrite_output_dir)
     if meta["seconds"] is not None:  # else up to date, as build_index said

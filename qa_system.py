@@ -31,10 +31,10 @@ from utils.errors import UserError, check_at_least_one, exit_on_user_error
 from utils.files.corpus import load_passages
 from utils.files.folds import cross_fit_folds
 from utils.files.jsonfiles import write_json
+from utils.index.index import Index
 from utils.runtime.flags import arg, check_input_files, parse_args, process_group_timeout_arg
 from utils.runtime.output_dir import prepare_output_dir, publish_dir
 from utils.runtime.process import finish, make_accelerator
-from utils.search.index import Index
 from utils.system.answer import AnswerSettings
 from utils.system.inputs import SystemConfig, build_system
 from utils.system.measure import gold_row, labelled, measured_ks, system_row, system_setting, timing, tuning_source

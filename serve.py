@@ -41,8 +41,8 @@ import uvicorn
 
 from utils.errors import UserError, check_at_least_one, exit_on_user_error
 from utils.files.corpus import load_passages
+from utils.index.index import Index
 from utils.runtime.flags import arg, parse_args
-from utils.search.index import Index
 from utils.system.answer import AnswerSettings
 from utils.system.inputs import SystemConfig, build_system
 from utils.system.reload import IndexWatch

@@ -42,7 +42,7 @@ from utils.reader.squad_data import load_train_and_dev
 from utils.reader.trained import ReaderSettings, check_layers, load_qa_model
 from utils.reader.training_batches import training_batches
 from utils.reader.windows import load_tokenizer
-from utils.retriever.index_writer import ranking_for_run
+from utils.retriever.retriever import ranking_for_run
 from utils.runtime.batching import pad_batch
 from utils.runtime.flags import arg, check_model_dir, filled, packaged_minilm, parse_args, precision_as_trained, record
 from utils.runtime.process import shards_parameters

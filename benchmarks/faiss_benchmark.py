@@ -25,10 +25,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from utils.files.dpr import load_dpr  # noqa: E402
+from utils.index.faiss_index import build_faiss, faiss_top_k  # noqa: E402
+from utils.index.index import Index  # noqa: E402
 from utils.retriever.retriever import Retriever  # noqa: E402
 from utils.search.exact import search_shards  # noqa: E402
-from utils.search.faiss_index import build_faiss, faiss_top_k  # noqa: E402
-from utils.search.index import Index  # noqa: E402
 from utils.search.vectors import Vectors  # noqa: E402
 
 # (kind, build options, search options): from exact to compressed

@@ -45,10 +45,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from utils.files.corpus import load_passages  # noqa: E402
+from utils.index.index import Index  # noqa: E402
 from utils.retriever.retriever import Retriever  # noqa: E402
 from utils.retriever.sentence_windows import sentence_windows  # noqa: E402
 from utils.retriever.settings import PASSAGE_ENCODER  # noqa: E402
-from utils.search.index import Index  # noqa: E402
 from utils.sentences import split_sentences  # noqa: E402
 
 

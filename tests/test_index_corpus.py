@@ -18,10 +18,10 @@ from conftest import ROOT, SAMPLE, assert_user_error, run_script
 from test_distributed import run_ddp
 from test_retriever_api import a_users_project
 from tolerance import assert_ranked_alike
+from utils.index.faiss_index import build_faiss, faiss_top_k
+from utils.index.index import Index
 from utils.retriever.retriever import Retriever
 from utils.search.exact import search_shards, top_k
-from utils.search.faiss_index import build_faiss, faiss_top_k
-from utils.search.index import Index
 from utils.search.shards import merge_columns
 from utils.search.vectors import Vectors
 
@@ -78,7 +78,7 @@ def test_two_processes_build_what_one_builds_and_each_searches_its_shards(retrie
 
 
 def test_the_index_read_from_disk_is_searched_as_in_memory_across_many_blocks(retriever, tmp_path):
-    """The owners are stored as int32 (utils.search.index_format): MaxP over many blocks takes them as int64 ones
+    """The owners are stored as int32 (utils.index.format): MaxP over many blocks takes them as int64 ones
     (a memory-mapped int32 owner made KBest's index_put fail: found serving a real index)."""
     out = tmp_path / "index"
     run_script("index_corpus.py", *index_args(retriever, out))

@@ -16,7 +16,7 @@ import numpy as np
 from conftest import ROOT, SAMPLE, assert_user_error, run_script
 from test_index_corpus import edited_corpus, index_args, killed_after_chunks, retriever, vectors_of  # noqa: F401
 from test_retriever_api import a_users_project
-from utils.search.index import Index
+from utils.index.index import Index
 
 
 def listing(directory):

@@ -17,11 +17,11 @@ from conftest import ROOT, SAMPLE, as_from_a_shell, assert_user_error, run_scrip
 from test_distributed import run_ddp
 from tolerance import assert_answered_alike, assert_predictions_alike, assert_ranked_alike
 from utils.errors import UserError
-from utils.reader.trained import Reader
-from utils.search.bm25 import BM25
-from utils.search.index import Index
 from utils.files.folds import cross_fit_folds
 from utils.files.squad import load_questions
+from utils.index.index import Index
+from utils.reader.trained import Reader
+from utils.search.bm25 import BM25
 from utils.system.answer import at_share
 from utils.system.measure import RETRIEVER_WEIGHTS, combined_at, crossfit, fit_calibration, tune, weight_grid
 from utils.system.pipeline import QASystem

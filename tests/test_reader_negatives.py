@@ -102,7 +102,7 @@ RANK_IN_TWO_PROCESSES = '''
 import json, os, sys
 sys.path.insert(0, {root!r})
 from accelerate import Accelerator
-from utils.retriever.index_writer import ranking_for_run
+from utils.retriever.retriever import ranking_for_run
 from utils.files.corpus import load_passages
 from utils.files.squad import load_squad
 from utils.reader.config import PassagesConfig

@@ -16,10 +16,10 @@ from tolerance import assert_ranks_within, assert_top_k_of
 from utils.errors import UserError
 from utils.files.corpus import load_passages
 from utils.files.dpr import load_dpr
+from utils.index.faiss_index import build_faiss, search_faiss
+from utils.index.index import Index
 from utils.retriever.retriever import Retriever
 from utils.search.bm25 import BM25
-from utils.search.faiss_index import build_faiss, search_faiss
-from utils.search.index import Index
 from utils.search.vectors import Vectors
 
 FLAGS = ["--per_device_train_batch_size", 8, "--num_hard_negatives", 1]  # the in-batch rank depends on them

@@ -15,8 +15,8 @@ from conftest import SAMPLE, run_script
 from test_serve import Server
 from utils.errors import UserError
 from utils.files.corpus import load_passages
+from utils.index.index import Index
 from utils.search.bm25 import BM25
-from utils.search.index import Index
 
 SHARD = "shard-00000"
 

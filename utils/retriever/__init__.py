@@ -1,10 +1,10 @@
 """The DPR retriever: data, sentence windows, the bi-encoder, its loss and task, negative mining, evaluation, and the
-trained retriever's API: a Retriever encodes, indexes a corpus and searches an Index (utils.search.index).
+trained retriever's API: a Retriever encodes, indexes a corpus and searches an Index (utils.index.index).
 
-    from utils.retriever import Index, Retriever      # utils.search.index, utils.retriever.retriever
+    from utils.retriever import Index, Retriever      # utils.index.index, utils.retriever.retriever
 """
 
+from utils.index.index import Index
 from utils.retriever.retriever import Retriever
-from utils.search.index import Index
 
 __all__ = ["Index", "Retriever"]

@@ -11,13 +11,13 @@ import torch
 
 from utils.errors import UserError
 from utils.files.jsonfiles import json_line, write_json
+from utils.index.index import Index
 from utils.retriever.bi_encoder import bi_encoder_of
 from utils.retriever.config import EncoderConfig, LossConfig, RetrieverEvaluationConfig
 from utils.retriever.evaluation import EvaluationData, RetrievalEvaluation
 from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings, encoder_fingerprint
 from utils.runtime.output_dir import publish_dir
 from utils.runtime.process import bare_model, finish
-from utils.search.index import Index
 
 
 def as_trained(model_dir: str | None, train_file: str | None, validation_file: str | None, output_dir: str,

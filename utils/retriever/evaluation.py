@@ -20,6 +20,7 @@ from accelerate.utils import gather_object
 
 from utils.files.corpus import key_hash, load_passages, passage_key, unique_passages
 from utils.files.dpr import evaluation_corpus, load_dpr, training_passages
+from utils.index.index import Index
 from utils.retriever.config import EncoderConfig, NegativesConfig, RetrieverEvaluationConfig
 from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
 from utils.retriever.loss import batch_ranks
@@ -29,7 +30,6 @@ from utils.search.bm25 import BM25
 from utils.search.exact import Vectors, dense_search, score_passages, score_shards
 from utils.search.fusion import (CANDIDATES, convex_fusion, cross_fitted_ranks, fused_gold_ranks, gather_candidates,
                                  reciprocal_rank_fusion)
-from utils.search.index import Index
 from utils.search.ranking import retrieval_metrics
 from utils.search.shards import shard, summed_counts
 

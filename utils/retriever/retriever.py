@@ -1,5 +1,5 @@
 """A train_dpr.py retriever used as trained (retriever_settings.json): it encodes, indexes a corpus, and searches an
-index (utils.search.index) of its own passage vectors, dense or fused with BM25.
+index (utils.index.index) of its own passage vectors, dense or fused with BM25.
 
     from utils.retriever import Index, Retriever
     retriever = Retriever("outputs/dpr-squad")
@@ -18,12 +18,14 @@ import torch
 from utils.errors import UserError
 from utils.files.corpus import load_passages
 from utils.files.questions import question_list
+from utils.index.index import Index
+from utils.index.writer import index_for_run
 from utils.retriever.bi_encoder import load_bi_encoder
 from utils.retriever.encoding import encode_texts, load_tokenizers, tokenize_passages, tokenize_questions
 from utils.retriever.sentence_windows import sentence_windows
 from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings, encoder_fingerprint
 from utils.search.bm25 import BM25
-from utils.search.index import Index, check_k
+from utils.search.hits import check_k
 from utils.search.vectors import Vectors
 
 AUTOCAST = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -54,6 +56,12 @@ class Retriever:
     @property
     def dimension(self) -> int:
         return self.model.query_encoder.config.hidden_size
+
+    @property
+    def hybrid_by_default(self) -> bool:
+        """Whether it ranks fused with BM25 unless told otherwise (a dense weight was tuned): an index of its vectors
+        then comes with BM25."""
+        return self.settings.hybrid_by_default
 
     @property
     def passage_encoder_dir(self) -> str:
@@ -131,3 +139,21 @@ class Retriever:
             # Fused over both rankings' first `hybrid_candidates`, so the hybrid's first hits do not depend on k.
             return index.hybrid_search(q, questions, k, weight, self.settings.hybrid_candidates)
         return index.search(q, k)
+
+
+def ranking_for_run(accelerator, retriever_dir: str, passages: str | None, index_dir: str | None, into: str,
+                    overwrite: bool = False):
+    """A trained retriever's ranking of a corpus for one training run (train_reader.py --retriever), as the QA
+    system ranks with it (hybrid where it recorded a dense weight): (the corpus as its index holds it,
+    `rank(questions, depth)` -> (scores, ids)). The index is `index_dir`, or `passages` indexed by every process,
+    each its shard, into `into` (index_for_run: a killed run's is resumed; with `overwrite` an earlier run's is
+    built anew); every process searches its share of the shards for every question (a collective): no process
+    embeds or searches the whole corpus alone."""
+    retriever = Retriever(retriever_dir, device=str(accelerator.device))
+    hybrid = retriever.hybrid_by_default
+    if index_dir is None:
+        index = index_for_run(accelerator, retriever, passages, into, hybrid, overwrite)
+    else:
+        index = Index.load(index_dir, share=(accelerator.process_index, accelerator.num_processes))
+        retriever.check_index(index, f"--index {index_dir}")
+    return index.passages, lambda questions, depth: retriever.rank(index, questions, depth, hybrid)

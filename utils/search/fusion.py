@@ -8,7 +8,7 @@ Each question's candidates are the union of the dense and the BM25 top `CANDIDAT
 * reciprocal-rank fusion: sum over the two lists of 1 / (60 + rank), nothing tuned (0 from a list that misses it).
 A gold passage outside the candidates ranks after all of them: it would be no hit for any k up to their number.
 
-A search (`hybrid_ranking`, utils.search.index) ranks by the same rule: the candidates are each ranking's first
+A search (`hybrid_ranking`, utils.index.index) ranks by the same rule: the candidates are each ranking's first
 `hybrid_candidates` whatever the number of hits asked for, so that a ranking's head does not depend on how deep one
 looks (widening them with k changed the normalisation, and with it the first hits). Past the candidates the rest of
 the dense ranking follows, in its order, each scored dense_weight x its dense score normalised as the candidates',

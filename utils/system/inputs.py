@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from utils.errors import UserError
+from utils.index.index import Index
+from utils.index.writer import index_for_run
 from utils.reader.trained import Reader, check_reader_dir
-from utils.retriever.index_writer import index_for_run
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
 from utils.runtime.flags import arg, check_input_files
-from utils.search.index import Index
 from utils.system.answer import AnswerSettings
 from utils.system.pipeline import QASystem
 
@@ -58,7 +58,7 @@ def build_system(config: SystemConfig, rule: AnswerSettings, accelerator=None, p
     """The QA system of `config`, answering by `rule`'s weight, calibration and share (its threshold is the front
     end's to apply): the reader and the retriever, each loaded once, and the corpus: `index` (loaded from --index),
     the `passages` (BM25 ranks them), or the config's passages file embedded now: with `index_dir`, by every process
-    of `accelerator` into that directory, each its shard (utils.retriever.index_writer), each then searching its own
+    of `accelerator` into that directory, each its shard (utils.index.writer), each then searching its own
     shards; without, in memory. Progress bars on the main process."""
     weight, calibration, share = rule.retriever_weight or 0.0, rule.no_answer_calibration, rule.unanswerable_share
     main = accelerator is None or accelerator.is_main_process

@@ -13,10 +13,11 @@ import copy
 from utils.errors import UserError
 from utils.files.corpus import load_passages
 from utils.files.questions import question_list
+from utils.index.index import Index
 from utils.reader.trained import Reader
 from utils.retriever.retriever import Retriever
 from utils.search.bm25 import BM25
-from utils.search.index import Index, check_k, ranked_passages
+from utils.search.hits import check_k, ranked_passages
 from utils.system.answer import READING_STATS, answer, at_share, check_settings, combine
 
 NBEST_KEPT = 5  # spans of each passage kept in its reading (its best first)

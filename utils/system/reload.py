@@ -13,8 +13,8 @@ import logging
 import os
 
 from utils.errors import UserError
-from utils.search.index import Index
-from utils.search.index_format import INDEX_FILE
+from utils.index.format import INDEX_FILE
+from utils.index.index import Index
 
 logger = logging.getLogger("qa-amp")
 

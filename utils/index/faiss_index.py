@@ -21,7 +21,8 @@ docs/RESULTS.md.
 import numpy as np
 
 from utils.errors import UserError
-from utils.search.index import Index, check_k
+from utils.index.index import Index
+from utils.search.hits import check_k
 
 KINDS = ("flat", "ivf", "ivfpq", "hnsw")
 CHUNK = 65536  # vectors added at a time

@@ -1,7 +1,7 @@
 """An index brought up to date with its corpus as it is now: index_corpus.py run again on a complete index, by the
 same retriever, of a corpus whose documents were added, changed or removed since.
 
-The rule: a passage whose title and text are unchanged (its content key, utils.search.index_format.content_keys)
+The rule: a passage whose title and text are unchanged (its content key, utils.index.format.content_keys)
 keeps its vectors, copied bit for bit from the index as it was; every other passage is embedded; a passage no longer
 in the corpus is dropped; BM25 is built again over the passages as they are (its term statistics are corpus-wide:
 one changed document moves every score). The update is written as the index's next version beside the current one
@@ -19,8 +19,7 @@ import shutil
 import numpy as np
 
 from utils.files.jsonfiles import read_json, write_json_file
-from utils.search.index_format import (INDEX_FILE, UPDATE_FILE, content_keys, files_of, map_shard, read_manifest,
-                                       shard_keys, version_of)
+from utils.index.format import INDEX_FILE, UPDATE_FILE, files_of, map_shard, read_manifest, shard_keys, version_of
 from utils.search.vectors import Vectors
 
 
@@ -53,32 +52,6 @@ class PreviousVectors:
         v = self.shards[int(np.searchsorted(self.firsts, j, side="right")) - 1]
         local = j - v.offset
         return np.asarray(v.embeddings[v.starts[local]:v.starts[local + 1]])
-
-
-def chunk_vectors(passages: list[dict], retriever, previous: PreviousVectors | None):
-    """(vectors, owner or None, embedded): a chunk's vectors, those of the passages `previous` holds copied from it
-    (as float32: exact for either dtype stored), the others embedded in one call."""
-    if previous is None:
-        vectors, owner = retriever.encode_passages(passages)
-        return vectors, owner, len(passages)
-    found = previous.find(content_keys(passages))
-    new = np.flatnonzero(found < 0)
-    fresh, fresh_owner = retriever.encode_passages([passages[i] for i in new]) if len(new) else (None, None)
-    if fresh_owner is None and fresh is not None:
-        fresh_owner = np.arange(len(new))
-    fresh_starts = np.searchsorted(fresh_owner, np.arange(len(new) + 1)) if fresh is not None else None
-    place = {int(i): k for k, i in enumerate(new)}
-    pieces, owner = [], []
-    for i in range(len(passages)):
-        if found[i] >= 0:
-            rows = previous.rows(int(found[i])).astype(np.float32)
-        else:
-            k = place[i]
-            rows = fresh[fresh_starts[k]:fresh_starts[k + 1]]
-        pieces.append(rows)
-        owner.append(np.full(len(rows), i, np.int64))
-    vectors = np.concatenate(pieces) if pieces else np.zeros((0, retriever.dimension), np.float32)
-    return vectors, (np.concatenate(owner) if retriever.settings.window_sentences else None), len(new)
 
 
 def start_update(out: str, current: dict, corpus: dict) -> dict:

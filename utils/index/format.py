@@ -7,12 +7,12 @@
     IDX/shard-00000/owner.bin   with sentence windows: int32, row -> the shard's passage it belongs to
     IDX/shard-00000/passages.jsonl, offsets.bin   the shard's passages (one JSON line each) and where each starts
     IDX/shard-00000/keys.bin    each passage's content key (16 bytes of a hash of its title and text): what an update
-                                compares to keep a passage's vectors (utils.retriever.index_update)
+                                compares to keep a passage's vectors (utils.index.update)
     IDX/shard-00000/progress.json the chunks done so far and the files' lengths after them (a killed job resumes
                                 after the last; anything written past it is cut off)
     IDX/bm25/                   BM25 over every passage (for the hybrid), where built
     IDX/v2/shard-00000/, v2/bm25/  the same, of the index's second version (an update: the manifest names its files)
-    IDX/update.json             an update under way (utils.retriever.index_update): its version, the files of
+    IDX/update.json             an update under way (utils.index.update): its version, the files of
                                 the version before it
 
 An index deletes only what it wrote and names (`own_entries`): a user's file put inside an index directory stays.

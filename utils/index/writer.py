@@ -1,120 +1,54 @@
-"""A trained retriever indexing a corpus on disk from every process (index_corpus.py, and qa_system.py when given
-passages), what `Retriever.index` does in memory: each process checks and embeds one contiguous shard of the corpus
-file (its byte range, cut at line starts), chunk by chunk, into its own shard files (utils.search.index_format); a
-killed build resumes after each shard's last complete chunk. The corpus is streamed, never loaded whole: a process
-holds one chunk's tokens and vectors. The index it writes is utils.search.index's, which `Index.load` reads."""
+"""A corpus indexed on disk from every process (index_corpus.py, and qa_system.py when given passages), what
+`Retriever.index` does in memory: each process checks and embeds one contiguous shard of the corpus file (its byte
+range, cut at line starts), chunk by chunk, into its own shard files (utils.index.format); a killed build resumes
+after each shard's last complete chunk. The corpus is streamed, never loaded whole: a process holds one chunk's
+tokens and vectors. The index it writes is utils.index.index's, which `Index.load` reads.
+
+It takes any passage encoder (`PassageEncoder`: a trained retriever is one): what makes the vectors and what
+identifies them, never the model's own code."""
 
 import contextlib
-import hashlib
 import logging
 import os
 import time
+from typing import Protocol
 
 import numpy as np
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
 
 from utils.errors import UserError
-from utils.files.corpus import byte_ranges, count_lines, stream_passages
-from utils.files.jsonfiles import json_lines, write_json_file
-from utils.retriever.index_update import (PreviousVectors, chunk_vectors, discard_update, finish_update, recover,
-                                          remove_entries, start_update)
-from utils.retriever.retriever import Retriever
-from utils.search.bm25 import BM25
+from utils.files.corpus import stream_passages
+from utils.files.jsonfiles import write_json_file
+from utils.index.corpus_check import CHUNK_PASSAGES, check_corpus, corpus_identity, same_corpus
+from utils.index.format import (INDEX_FILE, PassageStore, ShardWriter, content_hash, content_keys, holds_index_manifest,
+                                map_shard, own_entries, read_manifest, shard_name, version_path)
+from utils.index.index import Index, check_index_target, manifest
+from utils.index.update import PreviousVectors, discard_update, finish_update, recover, remove_entries, start_update
 from utils.runtime.lock import directory_lock
-from utils.search.index import Index, check_index_target, manifest
-from utils.search.index_format import (INDEX_FILE, PassageStore, ShardWriter, content_hash, holds_index_manifest,
-                                       map_shard, own_entries, read_manifest, shard_name, version_path)
+from utils.search.bm25 import BM25
 
 logger = logging.getLogger("qa-amp")
-CHUNK_HASH_PASSAGES = 1024  # passages per corpus hash recorded (and compared on resume)
-CHUNK_PASSAGES = 4096  # passages embedded and written at a time, by default: the unit of resuming, and of memory
 
 
-def check_corpus(accelerator, path: str, chunk_passages: int | None) -> dict:
-    """The corpus, checked and cut into chunks, the same on every process: {"passages", "chunk_passages", "chunks":
-    [(first passage, start byte, end byte)], "hashes"}. Each process streams one byte range of the file and checks
-    every passage as the one corpus loader does; the ids' hashes are gathered, so that a duplicate anywhere in the
-    corpus is found before anything is written. Chunks are every `chunk_passages` passages of the whole corpus
-    (whatever the number of processes), so a chunk, and the vectors it gets, do not depend on how the work is shared;
-    None: CHUNK_PASSAGES, or fewer where that leaves a process without a chunk (an index built for one run, whose
-    every process should embed its share however small the corpus). A UserError
-    on any process stops every process with the first message."""
-    world, rank = accelerator.num_processes, accelerator.process_index
-    start, stop = byte_ranges(path, world)[rank]
-    failure, ids, offsets, hashes, block = None, [], [], [], []
-    try:
-        first_line = 1 + (count_lines(path, 0, start) if rank else 0)
-        for p, raw, _ in stream_passages(path, start, stop, first_line=first_line):
-            ids.append(_id_hash(p["passage_id"]))
-            block.append(raw)
-            if len(block) == CHUNK_HASH_PASSAGES:
-                hashes.append(content_hash(block))
-                block = []
-        if block:
-            hashes.append(content_hash(block))
-        offsets = _line_offsets(path, start, stop)
-    except UserError as err:
-        failure = str(err)
-    failures = [f for f in gather_object([failure]) if f]
-    if failures:
-        raise UserError(failures[0])
-    counts = gather_object([len(ids)])
-    all_ids = gather_object([np.asarray(ids, dtype=np.int64)])
-    if accelerator.is_main_process:
-        failure = _duplicate(path, np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64))
-        if failure is None and not sum(counts):
-            failure = f"{path}: no passages"
-    failure = broadcast_object_list([failure])[0] if world > 1 else failure
-    if failure:
-        raise UserError(failure)
-    total = int(sum(counts))
-    if chunk_passages is None:
-        chunk_passages = max(1, min(CHUNK_PASSAGES, -(-total // world)))
-    mine = int(np.sum(counts[:rank]))  # the global position of this range's first passage
-    starts = [(g, int(offsets[g - mine])) for g in range(-(-mine // chunk_passages) * chunk_passages,
-                                                           mine + len(ids), chunk_passages)]
-    starts = sorted(x for part in gather_object([starts]) for x in part)
-    ends = [b for _, b in starts[1:]] + [os.path.getsize(path)]
-    return {"passages": total, "chunk_passages": chunk_passages,
-            "chunks": [(g, b, e) for (g, b), e in zip(starts, ends)],
-            "hashes": [h for part in gather_object([hashes]) for h in part]}
+class PassageEncoder(Protocol):
+    """What an index is built with (utils.retriever.retriever.Retriever is one)."""
+    model_dir: str  # where the model lies (an index is never written inside it)
+    dimension: int
+    precision: str  # the autocast it embeds under
+    hybrid_by_default: bool  # whether it ranks fused with BM25 unless told: a new index then has BM25
+
+    def built_by(self) -> dict:
+        """What the index records of it, and a search checks: {"model", "passage_encoder" (a fingerprint of its
+        weights), "settings" (with "window_sentences": vectors per sentence window, else per passage), "precision"}."""
+
+    def encode_passages(self, passages: list[dict]) -> tuple[np.ndarray, np.ndarray | None]:
+        """(vectors, owner): float32 rows, and with sentence windows the passage each row belongs to (else None)."""
 
 
-def _line_offsets(path: str, start: int, stop: int) -> np.ndarray:
-    """The byte offset of every non-blank line between two offsets (where each passage of the range starts)."""
-    return np.asarray([at for _, at, _ in json_lines(path, start, stop)], dtype=np.int64)
-
-
-def _id_hash(ident: str) -> int:
-    return int.from_bytes(hashlib.blake2b(ident.encode(), digest_size=8).digest(), "little", signed=True)
-
-
-def _duplicate(path: str, hashes: np.ndarray) -> str | None:
-    """The one-line error for the first duplicate passage_id of the corpus, found from the ids' hashes (the lines
-    are then read to name them exactly), or None."""
-    order = np.argsort(hashes, kind="stable")
-    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
-    if not len(same):
-        return None
-    suspects = {int(order[i]) for i in same} | {int(order[i + 1]) for i in same}
-    seen, position = {}, 0
-    for p, _, line in stream_passages(path, 0, os.path.getsize(path)):
-        if position in suspects:
-            if p["passage_id"] in seen:
-                return (f"{path}: line {line}: duplicate passage_id {p['passage_id']!r} "
-                        f"(first at line {seen[p['passage_id']]})")
-            seen[p["passage_id"]] = line
-        position += 1
-    return None  # a hash collision of different ids
-
-
-def corpus_identity(path: str, plan: dict, processes: int) -> dict:
-    """What an unfinished index records of its corpus and layout, compared on resume."""
-    return {"path": os.path.abspath(path), "bytes": os.path.getsize(path), "passages": plan["passages"],
-            "processes": processes, "chunk_passages": plan["chunk_passages"], "hashes": plan["hashes"]}
-
-
+def windows(encoder: PassageEncoder) -> bool:
+    """Whether its vectors are of sentence windows (several a passage, each row's passage in the shard's owner)."""
+    return bool(encoder.built_by()["settings"].get("window_sentences"))
 def _resumable(out: str, existing: dict, built_by: dict, dtype: str, corpus: dict) -> tuple[str | None, dict | None]:
     """(why the index in `out` cannot be continued, or None; its manifest if it can: an unfinished one to resume, a
     complete one by this retriever, settings, precision and dtype to take as it is or to update)."""
@@ -136,18 +70,13 @@ def _resumable(out: str, existing: dict, built_by: dict, dtype: str, corpus: dic
     return None, existing
 
 
-def same_corpus(meta: dict, corpus: dict) -> bool:
-    """Whether a complete index holds this corpus (the same passages, however many processes built it)."""
-    return all(meta.get("corpus", {}).get(k) == corpus[k] for k in ("bytes", "passages", "hashes"))
-
-
-def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retriever: Retriever,
+def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, encoder: PassageEncoder,
                       corpus: dict) -> tuple[dict, dict | None]:
     """(the manifest to build under, the update to make or None): a new manifest; or the unfinished one found
     (resumed: it must have been started with this retriever, its settings and precision, this dtype, this corpus
     and as many processes); or the complete one found by the same (`_resumable`), with the update that brings it
-    to this corpus where it holds another (utils.retriever.index_update). One-line errors."""
-    built_by = retriever.built_by()
+    to this corpus where it holds another (utils.index.update). One-line errors."""
+    built_by = encoder.built_by()
     failure, meta, update = None, None, None
     if accelerator.is_main_process:
         try:
@@ -171,7 +100,7 @@ def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retrie
                 if os.path.isdir(out) and overwrite:  # what the index there wrote, and only that
                     remove_entries(out, own_entries(out))
                 os.makedirs(out, exist_ok=True)
-                meta = manifest(built_by, dtype, retriever.dimension, corpus["passages"], [], bm25=False,
+                meta = manifest(built_by, dtype, encoder.dimension, corpus["passages"], [], bm25=False,
                                 complete=False, corpus=corpus)
                 write_json_file(os.path.join(out, INDEX_FILE), meta)
             except UserError as err:
@@ -185,12 +114,38 @@ def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, retrie
     return meta, update
 
 
-def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, retriever: Retriever, directory: str,
+def chunk_vectors(passages: list[dict], encoder: PassageEncoder, previous: PreviousVectors | None):
+    """(vectors, owner or None, embedded): a chunk's vectors, those of the passages `previous` holds copied from it
+    (as float32: exact for either dtype stored), the others embedded in one call."""
+    if previous is None:
+        vectors, owner = encoder.encode_passages(passages)
+        return vectors, owner, len(passages)
+    found = previous.find(content_keys(passages))
+    new = np.flatnonzero(found < 0)
+    fresh, fresh_owner = encoder.encode_passages([passages[i] for i in new]) if len(new) else (None, None)
+    if fresh_owner is None and fresh is not None:
+        fresh_owner = np.arange(len(new))
+    fresh_starts = np.searchsorted(fresh_owner, np.arange(len(new) + 1)) if fresh is not None else None
+    place = {int(i): k for k, i in enumerate(new)}
+    pieces, owner = [], []
+    for i in range(len(passages)):
+        if found[i] >= 0:
+            rows = previous.rows(int(found[i])).astype(np.float32)
+        else:
+            k = place[i]
+            rows = fresh[fresh_starts[k]:fresh_starts[k + 1]]
+        pieces.append(rows)
+        owner.append(np.full(len(rows), i, np.int64))
+    vectors = np.concatenate(pieces) if pieces else np.zeros((0, encoder.dimension), np.float32)
+    return vectors, (np.concatenate(owner) if windows(encoder) else None), len(new)
+
+
+def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, encoder: PassageEncoder, directory: str,
                 main: bool, previous: PreviousVectors | None = None) -> dict:
     """This process's shard: its chunks (first passage, start byte, end byte), each embedded (with `previous`, an
     update's: only the passages it does not hold) and appended after the last one recorded. Returns {"vectors",
     "passages", "embedded", "seconds"} of the shard."""
-    writer = ShardWriter(directory, retriever.dimension, dtype, bool(retriever.settings.window_sentences))
+    writer = ShardWriter(directory, encoder.dimension, dtype, windows(encoder))
     done = len(writer.progress["chunks"])
     if done:
         logger.info("%s: resuming after %d chunks (%d passages, %d vectors)", directory, done,
@@ -198,7 +153,7 @@ def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, retri
     t0, before = time.perf_counter(), writer.progress["passages"]
     for i, (_, start, stop) in enumerate(chunks[done:], done):
         rows = list(stream_passages(path, start, stop))
-        vectors, owner, embedded = chunk_vectors([p for p, _, _ in rows], retriever, previous)
+        vectors, owner, embedded = chunk_vectors([p for p, _, _ in rows], encoder, previous)
         writer.append(content_hash([raw for _, raw, _ in rows]), [p for p, _, _ in rows], vectors, owner, embedded)
         if main:
             rate = (writer.progress["passages"] - before) / max(time.perf_counter() - t0, 1e-9)
@@ -209,15 +164,15 @@ def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, retri
             "seconds": time.perf_counter() - t0}
 
 
-def build_index(accelerator, retriever: Retriever, passages: str, output_dir: str, dtype: str = "float32",
+def build_index(accelerator, encoder: PassageEncoder, passages: str, output_dir: str, dtype: str = "float32",
                 chunk_passages: int | None = CHUNK_PASSAGES, bm25: bool | None = None, overwrite: bool = False,
                 reuse: bool = False) -> dict:
-    """Index the JSON-lines corpus `passages` into `output_dir` with `retriever`, every process a contiguous run of
+    """Index the JSON-lines corpus `passages` into `output_dir` with `encoder`, every process a contiguous run of
     the corpus's chunks (a collective: every process calls it); resumes an unfinished build of the same corpus,
     retriever and layout; updates a complete one by the same retriever whose corpus changed since
-    (utils.retriever.index_update: only new and changed passages embedded). Returns the complete manifest, with
+    (utils.index.update: only new and changed passages embedded). Returns the complete manifest, with
     "seconds" None where nothing was built. `bm25`: also build BM25 (default: what the index being updated has,
-    else when the retriever has a hybrid weight). A complete index there of the same corpus and retriever is
+    else when the encoder ranks fused with it). A complete index there of the same corpus and retriever is
     returned as it is: with `reuse` silently (with BM25 where asked), else as up to date. The directory is locked
     for the run (utils.runtime.lock): a second run on it meanwhile is refused."""
     corpus_path, out = os.path.realpath(passages), os.path.realpath(output_dir)
@@ -225,8 +180,8 @@ def build_index(accelerator, retriever: Retriever, passages: str, output_dir: st
     if os.path.commonpath([corpus_path, out]) == out:
         raise UserError(f"{output_dir}: holds the corpus being indexed ({passages}): give another --output_dir "
                         "(replacing the directory would delete the corpus)")
-    if os.path.commonpath([os.path.realpath(retriever.model_dir), out]) == os.path.realpath(retriever.model_dir):
-        raise UserError(f"{output_dir}: is the retriever's directory or inside it ({retriever.model_dir}): give the "
+    if os.path.commonpath([os.path.realpath(encoder.model_dir), out]) == os.path.realpath(encoder.model_dir):
+        raise UserError(f"{output_dir}: is the retriever's directory or inside it ({encoder.model_dir}): give the "
                         "index a directory of its own (publishing a retrained retriever there would delete it)")
     with contextlib.ExitStack() as held:
         failure = None
@@ -239,17 +194,17 @@ def build_index(accelerator, retriever: Retriever, passages: str, output_dir: st
             failure = broadcast_object_list([failure])[0]
         if failure:
             raise UserError(failure)
-        return _build_index(accelerator, retriever, passages, output_dir, dtype, chunk_passages, bm25, overwrite,
+        return _build_index(accelerator, encoder, passages, output_dir, dtype, chunk_passages, bm25, overwrite,
                             reuse)
 
 
-def _build_index(accelerator, retriever, passages, output_dir, dtype, chunk_passages, bm25, overwrite, reuse):
+def _build_index(accelerator, encoder, passages, output_dir, dtype, chunk_passages, bm25, overwrite, reuse):
     world, rank = accelerator.num_processes, accelerator.process_index
     plan = check_corpus(accelerator, passages, chunk_passages)
     corpus = corpus_identity(passages, plan, world)
-    found, update = prepare_index_dir(accelerator, output_dir, dtype, overwrite, retriever, corpus)
+    found, update = prepare_index_dir(accelerator, output_dir, dtype, overwrite, encoder, corpus)
     if found["complete"] and update is None:  # the index of this corpus already
-        if (bm25 if bm25 is not None else retriever.settings.hybrid_by_default) and not found.get("bm25"):
+        if (bm25 if bm25 is not None else encoder.hybrid_by_default) and not found.get("bm25"):
             raise UserError(f"{output_dir}: a complete index without BM25, which the hybrid needs: give another "
                             "directory")
         if not reuse:
@@ -257,17 +212,17 @@ def _build_index(accelerator, retriever, passages, output_dir, dtype, chunk_pass
         return {**found, "embedded": 0, "seconds": None}
     version = update["version"] if update else 1
     if bm25 is None:  # an update keeps what the index has; a new index has BM25 where the retriever fuses with it
-        bm25 = bool(found.get("bm25")) if update else retriever.settings.hybrid_by_default
+        bm25 = bool(found.get("bm25")) if update else encoder.hybrid_by_default
     accelerator.print(f"index{f' update to version {version}' if update else ''}: {corpus['passages']} passages, "
                       f"{len(plan['chunks'])} chunks in {world} shard(s), "
-                      f"{'sentence windows' if retriever.settings.window_sentences else 'whole passages'}, "
-                      f"precision {retriever.precision}, {dtype} vectors, "
+                      f"{'sentence windows' if windows(encoder) else 'whole passages'}, "
+                      f"precision {encoder.precision}, {dtype} vectors, "
                       f"{bm25_said(bm25, found.get('bm25') if update else None)} -> {output_dir}")
     n = len(plan["chunks"])
     mine = plan["chunks"][rank * n // world:(rank + 1) * n // world]
     previous = PreviousVectors(output_dir, found) if update else None
     with torch.no_grad():
-        result = embed_shard(passages, mine, dtype, retriever,
+        result = embed_shard(passages, mine, dtype, encoder,
                              os.path.join(output_dir, version_path(version, shard_name(rank))),
                              accelerator.is_main_process, previous)
     every = gather_object([result])
@@ -278,7 +233,7 @@ def _build_index(accelerator, retriever, passages, output_dir, dtype, chunk_pass
         first += s["passages"]
     if first != corpus["passages"]:
         raise UserError(f"{output_dir}: {first} passages embedded, the corpus has {corpus['passages']}")
-    meta = manifest(retriever.built_by(), dtype, retriever.dimension, corpus["passages"], shards, bm25=bm25,
+    meta = manifest(encoder.built_by(), dtype, encoder.dimension, corpus["passages"], shards, bm25=bm25,
                     complete=True, corpus=corpus)
     meta.update(version=version, embedded=sum(s["embedded"] for s in every), bm25_dir=version_path(version, "bm25"),
                 seconds=round(max(s["seconds"] for s in every), 3))
@@ -302,30 +257,12 @@ def bm25_said(bm25: bool, had: bool | None) -> str:
     return "BM25 added (--bm25 true)" if bm25 else "BM25 dropped (--bm25 false)"
 
 
-def index_for_run(accelerator, retriever: Retriever, passages: str, output_dir: str, bm25: bool,
+def index_for_run(accelerator, encoder: PassageEncoder, passages: str, output_dir: str, bm25: bool,
                   overwrite: bool = False) -> Index:
     """The corpus `passages` indexed for one run (qa_system.py given passages, train_reader.py --retriever) into
     `output_dir` by every process, each its shard, however small the corpus (`check_corpus`'s chunks), and loaded
     with each process's share of the shards to search (a collective). An unfinished index there is resumed; a
     complete one of the same corpus and retriever is reused unless `overwrite`."""
-    build_index(accelerator, retriever, passages, output_dir, chunk_passages=None, bm25=bm25, overwrite=overwrite,
+    build_index(accelerator, encoder, passages, output_dir, chunk_passages=None, bm25=bm25, overwrite=overwrite,
                 reuse=True)
     return Index.load(output_dir, share=(accelerator.process_index, accelerator.num_processes))
-
-
-def ranking_for_run(accelerator, retriever_dir: str, passages: str | None, index_dir: str | None, into: str,
-                    overwrite: bool = False):
-    """A trained retriever's ranking of a corpus for one training run (train_reader.py --retriever), as the QA
-    system ranks with it (hybrid where it recorded a dense weight): (the corpus as its index holds it,
-    `rank(questions, depth)` -> (scores, ids)). The index is `index_dir`, or `passages` indexed by every process,
-    each its shard, into `into` (index_for_run: a killed run's is resumed; with `overwrite` an earlier run's is
-    built anew); every process searches its share of the shards for every question (a collective): no process
-    embeds or searches the whole corpus alone."""
-    retriever = Retriever(retriever_dir, device=str(accelerator.device))
-    hybrid = retriever.settings.hybrid_by_default
-    if index_dir is None:
-        index = index_for_run(accelerator, retriever, passages, into, hybrid, overwrite)
-    else:
-        index = Index.load(index_dir, share=(accelerator.process_index, accelerator.num_processes))
-        retriever.check_index(index, f"--index {index_dir}")
-    return index.passages, lambda questions, depth: retriever.rank(index, questions, depth, hybrid)

@@ -3,10 +3,10 @@
 It takes query vectors, never a model: a retriever (utils.retriever.retriever) encodes the questions, checks that
 the index holds its own passage encoder's vectors (`check_encoder`) and asks the index. `Retriever.index(passages)`
 builds one in memory; `index_corpus.py` builds one on disk from every process, shard by shard, resumable; both save
-the same directory layout (utils.search.index_format), which `Index.load` maps where it lies. The search is exact
+the same directory layout (utils.index.format), which `Index.load` maps where it lies. The search is exact
 (utils.search.exact: blockwise, never the questions x corpus matrix), each passage ranked by its best sentence
 window for a sentence-trained retriever; `hybrid_search` fuses it with BM25 at a given dense weight
-(utils.search.fusion). FAISS indexes for approximate search are built from the shards (utils.search.faiss_index).
+(utils.search.fusion). FAISS indexes for approximate search are built from the shards (utils.index.faiss_index).
 
     from utils.retriever import Index, Retriever
     retriever = Retriever("outputs/dpr-squad")
@@ -27,14 +27,14 @@ import numpy as np
 import torch
 
 from utils.errors import UserError
-from utils.files.corpus import SOURCE_FIELDS
 from utils.files.jsonfiles import write_json_file
+from utils.index.format import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, bm25_dir, content_hash,
+                                holds_index_manifest, map_shard, own_entries, read_manifest, shard_name)
 from utils.runtime.output_dir import holds_trained_model, read_marker, staged_directory
 from utils.search.bm25 import BM25
 from utils.search.exact import score_shards, search_shards
 from utils.search.fusion import gather_candidates, hybrid_ranking
-from utils.search.index_format import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, bm25_dir, content_hash,
-                                       holds_index_manifest, map_shard, own_entries, read_manifest, shard_name)
+from utils.search.hits import ranked_passages
 from utils.search.shards import shard as share_of
 from utils.search.vectors import Vectors
 
@@ -107,7 +107,7 @@ class Index:
     # --- on disk ---
 
     def save(self, directory: str, overwrite: bool = False) -> None:
-        """The index as index_corpus.py writes one (utils.search.index_format), one shard per shard held. A
+        """The index as index_corpus.py writes one (utils.index.format), one shard per shard held. A
         directory that holds anything but an index is refused, an index only replaced with `overwrite` (what the
         old index did not write stays: `own_entries`); the new index is written beside it and swapped in as a
         whole (utils.runtime.output_dir.staged_directory), so that a crash leaves the old index or the new one,
@@ -141,7 +141,7 @@ class Index:
         """An index saved by `save` or index_corpus.py, its shards memory-mapped, its passages read from disk as
         results need them. `share` = (process index, processes): map only this process's share of the shards (a
         search is then a collective). The version is checked whole before it is returned, reading no passage but
-        each shard's last (utils.search.index_format.map_shard, BM25.load): every file missing, of the wrong size or
+        each shard's last (utils.index.format.map_shard, BM25.load): every file missing, of the wrong size or
         cut short is a one-line UserError naming the directory and the file, so that a damaged version is refused
         here (serve.py then serves on the one it has), never found out by a search. Whoever searches it
         checks that the index holds its own encoder's vectors (`check_encoder`)."""
@@ -167,7 +167,7 @@ class Index:
         bm25 = BM25.load(os.path.join(directory, bm25_dir(meta)), meta["passages"]) if meta.get("bm25") else None
         built_by = {k: meta[k] for k in ("model", "passage_encoder", "settings", "precision")}
         index = cls(vectors, passages, bm25, built_by, distributed=share is not None and share[1] > 1)
-        index.version = meta.get("version", 1)  # an update's number (utils.retriever.index_update)
+        index.version = meta.get("version", 1)  # an update's number (utils.index.update)
         return index
 
 
@@ -180,7 +180,7 @@ def manifest(built_by: dict, dtype: str, dimension: int, passages: int, shards: 
 
 def check_index_target(directory: str, overwrite: bool, flag: str = "overwrite=True") -> None:
     """Where an index may be written: a new or empty directory, or with `overwrite` (`flag`: how the caller's user
-    asks for it) one that holds an index of this project (its manifest, utils.search.index_format), of which only
+    asks for it) one that holds an index of this project (its manifest, utils.index.format), of which only
     what the index wrote is replaced (`own_entries`). Anything else is refused even with `overwrite`, one line each:
     a file; a directory that holds a trained model (a reader's, a retriever's: an index never replaces one) or the
     outputs of another run; one that merely holds a file named index.json."""
@@ -201,23 +201,3 @@ def check_index_target(directory: str, overwrite: bool, flag: str = "overwrite=T
                         f"not an index (an index replaces only an index, even with {flag}): give another directory")
     raise UserError(f"{directory}: not empty and not an index of this project: save the index to a new or empty "
                     f"directory (a directory this project did not write is never replaced, even with {flag})")
-
-
-def check_k(k) -> None:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise UserError(f"k must be a whole number of at least 1 (got {k!r})")
-
-
-def passage_hit(passages, j: int, score) -> dict:
-    """Passage j of the corpus as a search result: {"passage_id", "title", "text", "score"}, and "source" ({"document",
-    "passage", "page"}, those it has: where an ingested passage came from) where the corpus gives it."""
-    p = passages[j]
-    source = {k: p[k] for k in SOURCE_FIELDS if k in p}
-    return {"passage_id": p["passage_id"], "title": p["title"], "text": p["text"], "score": float(score),
-            **({"source": source} if source else {})}
-
-
-def ranked_passages(passages, scores, ids) -> list[list[dict]]:
-    """Per query, its ranked passage ids (-1: none) and scores as search results, best first."""
-    return [[passage_hit(passages, int(j), s) for s, j in zip(row_s, row_i) if j >= 0]
-            for row_s, row_i in zip(scores, ids)]
