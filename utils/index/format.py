@@ -51,9 +51,15 @@ def version_of(meta: dict) -> int:
     return meta.get("version", 1)
 
 
+def version_dir(version) -> str | None:
+    """The directory of a version after the first (which keeps its files at the top, as before updates), relative to
+    the index; None for the first, or for what is not a version number (a record of someone else's)."""
+    return f"v{version}" if isinstance(version, int) and not isinstance(version, bool) and version > 1 else None
+
+
 def version_path(version: int, name: str) -> str:
-    """Where version `version` keeps a shard or BM25, relative to the index (the first at the top, as before)."""
-    return name if version == 1 else f"v{version}/{name}"
+    """Where version `version` keeps a shard or BM25, relative to the index."""
+    return f"{version_dir(version)}/{name}" if version_dir(version) else name
 
 
 def files_of(meta: dict) -> list[str]:
@@ -75,8 +81,8 @@ def own_entries(directory: str) -> list[str]:
         version, processes = version_of(meta), (meta.get("corpus") or {}).get("processes", 0)
         names += [version_path(version, shard_name(i)).split("/")[0] for i in range(processes)
                   if os.path.isfile(os.path.join(directory, version_path(version, shard_name(i)), PROGRESS))]
-    if record is not None and isinstance(record.get("version"), int) and record["version"] > 1:
-        names.append(f"v{record['version']}")
+    if record is not None and version_dir(record.get("version")):
+        names.append(version_dir(record["version"]))
     return [n for n in dict.fromkeys(names) if os.path.lexists(os.path.join(directory, n))]
 
 

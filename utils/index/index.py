@@ -29,7 +29,7 @@ import torch
 from utils.errors import UserError
 from utils.files.jsonfiles import write_json_file
 from utils.index.format import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, bm25_dir, content_hash,
-                                holds_index_manifest, map_shard, own_entries, read_manifest, shard_name)
+                                holds_index_manifest, map_shard, own_entries, read_manifest, shard_name, version_of)
 from utils.runtime.output_dir import holds_trained_model, read_marker, staged_directory
 from utils.search.bm25 import BM25
 from utils.search.exact import score_shards, search_shards
@@ -167,7 +167,7 @@ class Index:
         bm25 = BM25.load(os.path.join(directory, bm25_dir(meta)), meta["passages"]) if meta.get("bm25") else None
         built_by = {k: meta[k] for k in ("model", "passage_encoder", "settings", "precision")}
         index = cls(vectors, passages, bm25, built_by, distributed=share is not None and share[1] > 1)
-        index.version = meta.get("version", 1)  # an update's number (utils.index.update)
+        index.version = version_of(meta)  # an update's number (utils.index.update)
         return index
 
 

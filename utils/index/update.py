@@ -19,7 +19,8 @@ import shutil
 import numpy as np
 
 from utils.files.jsonfiles import read_json, write_json_file
-from utils.index.format import INDEX_FILE, UPDATE_FILE, files_of, map_shard, read_manifest, shard_keys, version_of
+from utils.index.format import (INDEX_FILE, UPDATE_FILE, files_of, map_shard, read_manifest, shard_keys, version_dir,
+                                version_of)
 from utils.search.vectors import Vectors
 
 
@@ -86,7 +87,7 @@ def discard_update(out: str) -> int | None:
     if record is None:
         return None
     version = record.get("version")
-    remove_entries(out, ([f"v{version}"] if isinstance(version, int) and version > 1 else []) + [UPDATE_FILE])
+    remove_entries(out, ([version_dir(version)] if version_dir(version) else []) + [UPDATE_FILE])
     return version
 
 

@@ -13,7 +13,7 @@ import logging
 import os
 
 from utils.errors import UserError
-from utils.index.format import INDEX_FILE
+from utils.index.format import INDEX_FILE, version_of
 from utils.index.index import Index
 
 logger = logging.getLogger("qa-amp")
@@ -44,7 +44,7 @@ class IndexWatch:
                 meta = json.load(f)
         except (OSError, ValueError):
             return None
-        return meta.get("version", 1) if isinstance(meta, dict) else None
+        return version_of(meta) if isinstance(meta, dict) else None
 
     def check(self, system):
         stamp = self._stamp()
