@@ -36,38 +36,41 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from utils.errors import UserError, check_at_least_one, exit_on_user_error
+from utils.index.config import RankedCorpusConfig
 from utils.index.writer import build_index
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
-from utils.runtime.flags import arg, check_input_files, parse_args, process_group_timeout_arg
+from utils.runtime.flags import arg, parse_args, process_group_timeout_arg
+from utils.runtime.inference import InferenceConfig
+from utils.runtime.output_dir import OutputConfig
 from utils.runtime.process import finish, make_accelerator, peak_memory_mb
 
 
 @dataclass(frozen=True)
-class IndexArgs:
-    retriever: str = arg(None, "A retriever trained by train_dpr.py (its output directory).")
-    passages: str = arg(None, "The corpus: JSON lines of {title, text, passage_id}, read as a stream.")
-    output_dir: str = arg(None, "The index directory to write (or to finish: the same command resumes it).")
+class IndexArgs(RankedCorpusConfig, InferenceConfig, OutputConfig):
+    """The script's own flags, beside the shared ones it takes: the corpus and its retriever, how the encoder runs,
+    the index directory to write (or to finish: the same command resumes it)."""
     dtype: Literal["float32", "float16"] = arg("float32", "How the vectors are stored: float16 halves the index for "
                                                           "scores within about 1e-3 of float32's.")
-    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = arg(
-        None, "Autocast of the passage encoder. Default: the precision the retriever was evaluated at (as trained).")
-    batch_size: int = arg(64, "Texts per forward pass.")
     chunk_passages: int = arg(4096, "Passages embedded and written at a time: the unit of resuming, and of memory.")
     bm25: Optional[bool] = arg(None, "Also build BM25 over the corpus, for the hybrid (it holds the corpus's terms "
                                      "in memory). Default: an update keeps what the index has; a new index has it "
                                      "when the retriever has a recorded hybrid weight.")
-    overwrite_output_dir: bool = arg(False, "Replace an existing index in --output_dir (only what the index wrote: "
-                                            "other files there stay); anything else, a trained model above all, is "
-                                            "refused even so.")
     process_group_timeout: int = process_group_timeout_arg()  # BM25 is built by the main process alone
 
     def __post_init__(self):
         if not self.retriever or not self.passages or not self.output_dir:
             raise UserError("give --retriever (a trained retriever), --passages (the corpus) and --output_dir")
-        check_input_files(self, "passages")
+        RankedCorpusConfig.__post_init__(self)
+        if self.index is not None:
+            raise UserError("--index: index_corpus.py writes the index to --output_dir (the same directory again to "
+                            "update it): give the corpus as --passages")
+        if not self.trained_retriever:
+            raise UserError("--retriever bm25: an index holds a trained retriever's vectors (BM25 alone needs none: "
+                            "qa_system.py and serve.py rank --passages with it)")
         RetrieverSettings.load(self.retriever)
-        check_at_least_one(self, "batch_size", "chunk_passages", "process_group_timeout")
+        InferenceConfig.__post_init__(self)
+        check_at_least_one(self, "chunk_passages", "process_group_timeout")
 
 
 FLAGS = (IndexArgs,)
@@ -82,7 +85,8 @@ def main(argv=None):
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
     device = "cuda" if accelerator.device.type == "cuda" else "cpu"
-    retriever = Retriever(args.retriever, device=device, batch_size=args.batch_size, precision=args.mixed_precision)
+    retriever = Retriever(args.retriever, device=device, batch_size=args.batch_size,
+                          mixed_precision=args.mixed_precision)
 
     # --- data, embed, finish: utils/index/writer.py (the corpus checked before anything is written) --
     meta = build_index(accelerator, retriever, args.passages, args.output_dir, args.dtype, args.chunk_passages,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from utils.errors import UserError, exit_on_user_error
-from utils.files.documents import NotADocument, document_files, read_document
+from utils.files.documents import FORMATS, NotADocument, document_files, read_document
 from utils.files.jsonfiles import write_json_lines
 from utils.runtime.flags import arg, parse_args
 from utils.splitting import SplitConfig, split_passages
@@ -40,7 +40,7 @@ from utils.splitting import SplitConfig, split_passages
 @dataclass(frozen=True)
 class IngestArgs:
     documents: Optional[list[str]] = arg(None, "Folders (all of their files, hidden ones left out, links followed) "
-                                               "and files to ingest: .txt, .md, .html, .pdf.")
+                                               f"and files to ingest: {FORMATS}.")
     output: str = arg(None, "The corpus to write (.jsonl), whole or not at all.")
     skip_bad_files: bool = arg(False, "Leave out a file or folder that cannot be ingested (listed at the end) instead "
                                       "of stopping at it; two documents of one name stop the run even so.")

@@ -1,6 +1,6 @@
 """Build DPR training data from any SQuAD-format file.
 
-    python make_dpr_data.py squad.json --out dpr.json --passages passages.jsonl
+    python make_dpr_data.py squad.json --output dpr.json --passages passages.jsonl
 
 Every paragraph becomes a passage (passage_id "Title#paragraph_index"). Every answerable question becomes a DPR
 example: its own paragraph as the positive, the top BM25 paragraphs (question as the query, ranked with the bm25s
@@ -9,15 +9,17 @@ negatives (answers matched as in utils.files.answers: normalised, on token bound
 no positive and are left out.
 """
 
-import argparse
-import json
 import os
 import random
 import sys
+from dataclasses import dataclass
+from typing import ClassVar, Optional
 
 from utils.errors import UserError, exit_on_user_error
 from utils.files.answers import answer_patterns, holds_answer, normalized
+from utils.files.jsonfiles import write_json_file, write_json_lines
 from utils.files.squad import load_squad
+from utils.runtime.flags import arg, parse_args
 from utils.search.bm25 import BM25
 
 
@@ -54,34 +56,42 @@ def build(examples: list[dict], num_hard_negatives: int, num_negatives: int, see
     return out, passages
 
 
-def arguments() -> argparse.ArgumentParser:
-    """The command line (scripts/flag_tables.py lists its flags in docs/FLAGS.md)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], prog="python make_dpr_data.py")
-    parser.add_argument("squad_files", nargs="+", help="SQuAD v1.1/v2.0 JSON (or flattened) files")
-    parser.add_argument("--out", required=True, help="DPR JSON to write")
-    parser.add_argument("--passages", help="also write every paragraph as JSON lines (the retrieval corpus)")
-    parser.add_argument("--num_hard_negatives", type=int, default=2, help="BM25 hard negatives per question")
-    parser.add_argument("--num_negatives", type=int, default=1, help="random negatives per question")
-    parser.add_argument("--seed", type=int, default=13, help="seed of the random negatives")
-    return parser
+@dataclass(frozen=True)
+class ConvertArgs:
+    POSITIONAL: ClassVar[str] = "squad_files"  # the files may also be given as plain words, before or after the flags
+    squad_files: Optional[list[str]] = arg(None, "SQuAD v1.1/v2.0 JSON (or flattened) files to convert (also as "
+                                                 "plain words: make_dpr_data.py a.json b.json --output dpr.json).",
+                                           nargs="+")
+    output: str = arg(None, "The DPR JSON to write.", aliases=["--out"])
+    passages: Optional[str] = arg(None, "Also write every paragraph as JSON lines (the retrieval corpus).")
+    num_hard_negatives: int = arg(2, "BM25 hard negatives per question.")
+    num_negatives: int = arg(1, "Random negatives per question.")
+    seed: int = arg(13, "Seed of the random negatives.")
+
+    def __post_init__(self):
+        if not self.squad_files:
+            raise UserError("give the SQuAD files to convert")
+        if not self.output:
+            raise UserError("give --output (the DPR JSON to write)")
+
+
+FLAGS = (ConvertArgs,)
 
 
 @exit_on_user_error
 def main(argv=None):
-    args = arguments().parse_args(argv)
+    (args,) = parse_args(FLAGS, argv)
     examples = [ex for path in args.squad_files for ex in load_squad(path)[0]]
     data, passages = build(examples, args.num_hard_negatives, args.num_negatives, args.seed)
-    for path in filter(None, (args.out, args.passages)):
+    for path in filter(None, (args.output, args.passages)):
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         except OSError as err:
             raise UserError(f"{path}: cannot create its directory ({err.strerror or err})") from None
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, ensure_ascii=False)
+    write_json_file(args.output, data)
     if args.passages:
-        with open(args.passages, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(p, ensure_ascii=False) + "\n" for p in passages)
-    print(f"{args.out}: {len(data)} questions, {len(passages)} passages", file=sys.stderr)
+        write_json_lines(args.passages, passages)
+    print(f"{args.output}: {len(data)} questions, {len(passages)} passages", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -32,8 +32,9 @@ from utils.files.corpus import load_passages
 from utils.files.folds import cross_fit_folds
 from utils.files.jsonfiles import write_json
 from utils.index.index import Index
+from utils.reader.trained import normalization
 from utils.runtime.flags import arg, check_input_files, parse_args, process_group_timeout_arg
-from utils.runtime.output_dir import prepare_output_dir, publish_dir
+from utils.runtime.output_dir import OutputConfig, prepare_output_dir, publish_dir
 from utils.runtime.process import finish, make_accelerator
 from utils.system.answer import AnswerSettings
 from utils.system.inputs import SystemConfig, build_system
@@ -44,7 +45,7 @@ from utils.system.report import announce, report
 @exit_on_user_error
 def main(argv=None):
     # --- setup ---------------------------------------------------------------------------------------
-    args, config, tuning = resolve(*parse_args(FLAGS, argv))
+    args, config, answer_settings = resolve(*parse_args(FLAGS, argv))
     # each model runs under its own autocast (utils.reader.trained, utils.retriever.retriever)
     accelerator = make_accelerator(args.process_group_timeout)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
@@ -62,9 +63,9 @@ def main(argv=None):
 
     with publish_dir(accelerator, args.output_dir, state="evaluated") as out:  # all outputs at the end, or none
         # the share moves each k's own settings below, so the system itself answers as tuned
-        system = build_system(config, replace(tuning, unanswerable_share=None), accelerator, passages, index,
+        system = build_system(config, replace(answer_settings, unanswerable_share=None), accelerator, passages, index,
                               index_dir=os.path.join(out, "index"))
-        bands, top_k, clamped = measured_ks(args.eval_k, args.top_k, len(system.passages))
+        bands, answered_k, clamped = measured_ks(args.eval_k, config.k, len(system.passages))
         announce(accelerator, system, bands, clamped, as_trained=config.mixed_precision is None)
 
         # --- answer: the questions, and the validation questions where the settings are tuned on them ----
@@ -73,7 +74,7 @@ def main(argv=None):
         if labelled(questions) and all(q["context"] for q in questions):
             gold = read_gold(accelerator, system, questions)
         v_readings, v_gold, v_folds = None, None, None
-        if tuning.no_answer_threshold is None and validation is not None:
+        if answer_settings.no_answer_threshold is None and validation is not None:
             k = bands[-1]  # read once at the largest k: each k's setting is tuned on its first k passages
             v_readings = readings if same_file else answer_all(accelerator, system, validation, k, [k])[1]
             v_gold = gold if same_file else read_gold(accelerator, system, validation)
@@ -81,34 +82,35 @@ def main(argv=None):
 
         # --- measure: each k's setting by the tuning policy (utils/system/measure.py), then what it scores --
         def setting(k, v_readings, fuse=True):
-            return system_setting(tuning, system.recorded_threshold, validation, v_readings, k, system.shared_norm,
-                                  v_folds, fuse)
+            return system_setting(answer_settings, system.null_threshold, validation, v_readings, k,
+                                  system.shared_norm, v_folds, fuse)
         settings = {k: setting(k, v_readings) for k in bands}
-        rows = [system_row(tuning, settings[k], k, timing(times, k, len(questions)), questions, retrieved, readings,
-                           system.shared_norm, v_folds if same_file else None) for k in bands]
+        rows = [system_row(answer_settings, settings[k], k, timing(times, k, len(questions)), questions, retrieved,
+                           readings, system.shared_norm, v_folds if same_file else None) for k in bands]
         # the same policy, unfused, on the gold paragraphs
-        ceiling = None if gold is None else gold_row(tuning, setting(1, v_gold, fuse=False), questions, gold,
+        ceiling = None if gold is None else gold_row(answer_settings, setting(1, v_gold, fuse=False), questions, gold,
                                                      system.shared_norm)
-        source = tuning_source(tuning, args.validation_file, same_file, v_folds, v_readings is not None)
+        source = tuning_source(answer_settings, args.validation_file, same_file, v_folds, v_readings is not None)
 
         # --- write -----------------------------------------------------------------------------------------
-        write_answers(accelerator, out, questions, retrieved, readings, top_k, settings[top_k], system.shared_norm)
+        write_answers(accelerator, out, questions, retrieved, readings, answered_k, settings[answered_k],
+                      system.shared_norm)
         write_json(accelerator, os.path.join(out, "eval_results.json"),
                    {"retriever": config.retriever, "reader": config.reader, "questions": args.questions,
                     "passages": len(system.passages), "hybrid": system.hybrid, "threshold_source": source,
-                    "rule": "question" if system.shared_norm else "window",
-                    "unanswerable_share": tuning.unanswerable_share, "processes": accelerator.num_processes,
+                    "rule": normalization(system.shared_norm),
+                    "unanswerable_share": answer_settings.unanswerable_share, "processes": accelerator.num_processes,
                     "precision": system.precisions, "precision_as_trained": config.mixed_precision is None,
                     "k_note": clamped, "rows": rows, "gold_paragraphs": ceiling})
-    report(accelerator, rows, ceiling, f"threshold and weights: {source}; predictions.json at k={top_k} in "
+    report(accelerator, rows, ceiling, f"threshold and weights: {source}; predictions.json at k={answered_k} in "
                                        f"{args.output_dir}")
     finish(accelerator)
 
 
 @dataclass(frozen=True)
-class QAArgs:
-    """The script's own flags: what to answer and measure, where the results go; the system is SystemConfig's and
-    the answer rule's settings are AnswerSettings'."""
+class QAArgs(OutputConfig):
+    """The script's own flags: what to answer and measure, where the results go (OutputConfig's, shared); the system
+    is SystemConfig's and the answer rule's settings are AnswerSettings'."""
     questions: str = arg(None, "Questions to answer: SQuAD v1.1/v2.0 JSON (with answers the system is measured), or "
                                "JSON lines of {id, question} (optionally context, answers). Every question needs an "
                                "id.")
@@ -117,14 +119,11 @@ class QAArgs:
                                                "--no_answer_threshold; each weight too unless given): the weight "
                                                "cross-fitted over two folds of its whole articles, the threshold "
                                                "on all of it.")
-    top_k: int = arg(5, "Passages read per question for predictions.json (at most the corpus).")
     eval_k: list[int] = field(default_factory=lambda: [1, 3, 5, 10], metadata={
         "help": "The numbers of passages read that the measurement reports (one retrieval, one reading, at the "
                 "largest; at most the corpus).", "nargs": "+"})
     max_questions: Optional[int] = arg(None, "Answer the first N questions only (quick runs).")
     output_dir: str = arg("outputs/qa", "Where predictions.json, details.jsonl and eval_results.json go.")
-    overwrite_output_dir: bool = arg(False, "Use output_dir even if it holds an earlier run's outputs, a trained "
-                                            "model or files of no run of this project: they are replaced.")
     process_group_timeout: int = process_group_timeout_arg()  # an index built from --passages: BM25 by one process
 
     def __post_init__(self):
@@ -136,12 +135,13 @@ class QAArgs:
 FLAGS = (QAArgs, SystemConfig, AnswerSettings)
 
 
-def resolve(args: QAArgs, config: SystemConfig, tuning: AnswerSettings):
+def resolve(args: QAArgs, config: SystemConfig, answer_settings: AnswerSettings):
     """The checks across the parsed configs, once (after the system's, as the corpus and models are what a run is
     about), and the k's in order."""
     # the calibration is fitted here when the threshold is tuned on --validation_file
-    tuning.check(fits_calibration=args.validation_file is not None and tuning.no_answer_threshold is None)
-    check_at_least_one(args, "top_k", "max_questions", "process_group_timeout")
+    answer_settings.check(fits_calibration=args.validation_file is not None
+                          and answer_settings.no_answer_threshold is None)
+    check_at_least_one(args, "max_questions", "process_group_timeout")
     if min(args.eval_k) < 1:
         raise UserError(f"--eval_k must be at least 1 (got {min(args.eval_k)})")
     out = os.path.realpath(args.output_dir)
@@ -150,7 +150,7 @@ def resolve(args: QAArgs, config: SystemConfig, tuning: AnswerSettings):
                        ("validation_file", args.validation_file)):
         if path and path != "bm25" and (os.path.realpath(path) + os.sep).startswith(out + os.sep):
             raise UserError(f"--output_dir {args.output_dir} holds --{name} {path}: give another --output_dir")
-    return replace(args, eval_k=sorted(set(args.eval_k))), config, tuning
+    return replace(args, eval_k=sorted(set(args.eval_k))), config, answer_settings
 
 
 if __name__ == "__main__":

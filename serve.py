@@ -35,61 +35,40 @@ import os
 import signal
 import socket
 import sys
-from dataclasses import dataclass
 
 import uvicorn
 
-from utils.errors import UserError, check_at_least_one, exit_on_user_error
+from utils.errors import UserError, exit_on_user_error
 from utils.files.corpus import load_passages
 from utils.index.index import Index
-from utils.runtime.flags import arg, parse_args
+from utils.runtime.flags import parse_args
 from utils.system.answer import AnswerSettings
 from utils.system.inputs import SystemConfig, build_system
 from utils.system.reload import IndexWatch
-from utils.system.server import Limits, create_app
+from utils.system.requests import Limits
+from utils.system.server import ServeArgs, ServerState, create_app
 
 logger = logging.getLogger("qa-amp")
-
-
-@dataclass(frozen=True)
-class ServeArgs:
-    """The server's own flags; the system is SystemConfig's, the answer rule's settings AnswerSettings', what a
-    request may ask Limits'."""
-    host: str = arg("127.0.0.1", "Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface).")
-    port: int = arg(8000, "Port to listen on.")
-    max_batch: int = arg(32, "Questions answered together in one pass (retrieval and reading batched); 1: one at a "
-                             "time.")
-    max_wait_ms: float = arg(5.0, "How long a pass waits for more questions to arrive before it starts.")
-    index_check_seconds: float = arg(5.0, "How often the --index manifest is checked for a new version "
-                                          "(index_corpus.py run again): it is loaded beside the one serving and "
-                                          "swapped in between passes, no request failed or answered from a mix; 0: "
-                                          "never.")
-
-    def __post_init__(self):
-        check_at_least_one(self, "max_batch")
-        if not 0 <= self.max_wait_ms <= 1000:
-            raise UserError(f"--max_wait_ms must be between 0 and 1000 (got {self.max_wait_ms})")
-        if self.index_check_seconds < 0:
-            raise UserError(f"--index_check_seconds must be 0 (never) or more (got {self.index_check_seconds})")
-        if not 0 <= self.port < 65536:
-            raise UserError(f"--port {self.port}: not a port")
 
 
 FLAGS = (SystemConfig, AnswerSettings, ServeArgs, Limits)
 
 
-def resolve(config: SystemConfig, rule: AnswerSettings, args: ServeArgs, limits: Limits):
+def resolve(config: SystemConfig, answer_settings: AnswerSettings, args: ServeArgs, limits: Limits):
     """The checks across the parsed configs, once, as qa_system.py's resolve does for its own."""
-    rule.check()
-    if limits.max_questions > args.max_batch and args.max_batch > 1:
-        raise UserError(f"--max_questions ({limits.max_questions}) must fit in one pass (--max_batch {args.max_batch})")
-    return config, rule, args, limits
+    if config.k > limits.max_k or limits.max_k > 100:
+        raise UserError(f"--k ({config.k}) must be at most --max_k ({limits.max_k}), and --max_k at most 100")
+    answer_settings.check()
+    if limits.max_questions_per_request > args.max_batch and args.max_batch > 1:
+        raise UserError(f"--max_questions_per_request ({limits.max_questions_per_request}) must fit in one pass "
+                        f"(--max_batch {args.max_batch})")
+    return config, answer_settings, args, limits
 
 
 @exit_on_user_error
 def main(argv=None):
     # --- setup: check everything, and take the port, before anything is loaded ------------------------
-    config, rule, args, limits = resolve(*parse_args(FLAGS, argv))
+    config, answer_settings, args, limits = resolve(*parse_args(FLAGS, argv))
     sock = listening_socket(args.host, args.port)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     failure = []
@@ -97,16 +76,15 @@ def main(argv=None):
     def load_system():  # on the app's loading thread: /health says "loading" meanwhile
         passages = load_passages(config.passages) if config.passages else None
         index = Index.load(config.index) if config.index else None
-        return build_system(config, rule, None, passages, index, progress=False)
+        return build_system(config, answer_settings, None, passages, index, progress=False)
 
     def on_load_failure(message):  # nothing to serve: stop, and exit 2 as every user error does
         failure.append(message)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    threshold = "recorded" if rule.no_answer_threshold is None else rule.no_answer_threshold
+    threshold = "recorded" if answer_settings.no_answer_threshold is None else answer_settings.no_answer_threshold
     watch = IndexWatch(config.index) if config.index else None  # before the load: an update during it is seen
-    app = create_app(load_system, limits, args.max_batch, args.max_wait_ms / 1000, threshold, on_load_failure,
-                     watch, args.index_check_seconds)
+    app = create_app(ServerState(load_system, args, limits, config.k, threshold, watch, on_load_failure))
 
     # --- serve: SIGTERM/SIGINT stop taking requests and drain the ones in flight -------------------------
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
@@ -114,7 +92,7 @@ def main(argv=None):
     server.run(sockets=[sock])
     if failure:
         raise UserError(failure[0])
-    print(f"stopped after answering {app.state.batcher.questions} questions", file=sys.stderr, flush=True)
+    print(f"stopped after answering {app.state.server.batcher.questions} questions", file=sys.stderr, flush=True)
 
 
 BIND_ERRORS = {errno.EADDRINUSE: "address in use", errno.EADDRNOTAVAIL: "not an address of this machine",

@@ -29,7 +29,9 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from utils.errors import UserError, exit_on_user_error
+from utils.files.corpus import load_passages
 from utils.files.squad import is_impossible
+from utils.index.config import RankedCorpusConfig
 from utils.loop.optim import build_optimizer
 from utils.loop.run import run
 from utils.loop.setup import setup
@@ -55,9 +57,10 @@ TRAINING_INDEX = "retriever_index"  # --retriever without --index: the corpus in
 @exit_on_user_error
 def main(argv=None):
     # --- config: the flags are the configs the code under utils/ takes, resolved once --------------------
-    args, data, window, decoding, passages, distillation, loop, optim = resolve(*parse_args(FLAGS, argv, FILES))
+    configs = resolve(*parse_args(FLAGS, argv, FILES))
+    args, data, window, decoding, corpus, passages, distillation, loop, optim = configs
     fixed = fixed_on_resume(distillation)  # a resumed run keeps its teacher
-    accelerator = setup(loop, training=args.do_train, fixed=fixed)
+    accelerator = setup(loop, training=loop.do_train, fixed=fixed)
     if distillation and distillation.distil_layers and shards_parameters(
             accelerator.distributed_type, getattr(accelerator.state.deepspeed_plugin, "zero_stage", None)):
         raise UserError("--distil_layers adds a projection that runs outside the model's forward pass, which "
@@ -67,18 +70,20 @@ def main(argv=None):
     tokenizer = load_tokenizer(args.model_name_or_path, window.max_seq_length)
     # Padded per batch, not per window: to its longest window, rounded up to tensor-core friendly shapes
     collate = lambda rows: pad_batch(rows, tokenizer.pad_token_id, multiple=window.pad_multiple)  # noqa: E731
-    if not args.do_train:
+    if not loop.do_train:
         return evaluate_reader(accelerator, tokenizer, collate, args.model_name_or_path, loop.output_dir, data,
                                args.predict_file, loop.per_device_eval_batch_size, window, decoding)
     train_examples, dev_examples = load_train_and_dev(data, loop.seed)
     with_no_answer = any(is_impossible(ex) for ex in train_examples + dev_examples)  # SQuAD v2: tune a threshold
-    corpus, rank = None, None  # BM25 ranks --passages, unless a trained retriever does (its index, searched sharded)
-    if passages.retriever:
-        corpus, rank = ranking_for_run(accelerator, passages.retriever, passages.passages, passages.index,
-                                       os.path.join(loop.output_dir, TRAINING_INDEX), loop.overwrite_output_dir)
+    read, rank = None, None  # the corpus's passages read beside a question's own, ranked by BM25 unless a trained
+    if corpus.trained_retriever:  # retriever ranks them (its index, searched sharded)
+        read, rank = ranking_for_run(accelerator, corpus.trained_retriever, corpus.passages, corpus.index,
+                                     os.path.join(loop.output_dir, TRAINING_INDEX), loop.overwrite_output_dir)
+    elif passages.retrieving:
+        read = load_passages(corpus.passages)
     train = training_batches(accelerator, tokenizer, train_examples, window, passages, collate,
-                             batch_size=loop.per_device_train_batch_size, group_by_length=args.group_by_length,
-                             seed=loop.seed, corpus=corpus, rank=rank)
+                             batch_size=loop.per_device_train_batch_size, group_by_length=loop.group_by_length,
+                             seed=loop.seed, passages=read, rank=rank)
     dev = prepare_eval_set(accelerator, tokenizer, dev_examples, window, loop.per_device_eval_batch_size, collate,
                            name=data.dev_name)
     logger.info("train: %d examples -> %d windows; dev: %d examples -> %d windows; SQuAD %s",
@@ -100,42 +105,38 @@ def main(argv=None):
     else:
         task = ReaderTask(accelerator, tokenizer, dev, with_no_answer, window, decoding, teacher=teacher)
     run(accelerator, loop, task, model, optimizer, train_loader, optim,
-        record(args, data, window, decoding, passages, distillation or DistillationConfig(), loop, optim), fixed)
+        record(args, data, window, decoding, corpus, passages, distillation or DistillationConfig(), loop, optim),
+        fixed)
 
 
 @dataclass(frozen=True)
 class ReaderArgs:
-    """The script's own flags: which model, and whether it trains; every other flag is a config's field."""
+    """The script's own flags: which model, and what it predicts; every other flag is a config's field."""
     model_name_or_path: str = arg(packaged_minilm(), "Encoder to fine-tune: a local directory or a hub name "
                                   "(any model with a fast tokenizer). Default: the packaged MiniLM.")
-    do_train: bool = arg(True, "Train. With false, only evaluate (--validation_file) or predict (--predict_file) "
-                         "with --model_name_or_path, e.g. a reader trained here: its recorded null threshold and "
-                         "decoding settings (reader_settings.json) apply.")
     predict_file: Optional[str] = arg(None, "With --do_train false: questions to answer, SQuAD-format JSON (answers "
                                       "optional) or a .jsonl file of {id, question, context} lines; writes "
                                       "predictions.json and nbest.json.")
     num_hidden_layers: Optional[int] = arg(None, "Start from the first N layers of --model_name_or_path (a smaller, "
                                            "faster reader, e.g. a student for --teacher). Default: all.")
-    group_by_length: bool = arg(True, "Batch windows of similar length together (random order across buckets) to "
-                                      "cut padding; with --passages_per_question, questions by the longest window "
-                                      "each reads in the epoch (every window of a batch is padded to its longest).")
 
 
-FLAGS = (ReaderArgs, DataConfig, WindowConfig, DecodingConfig, PassagesConfig, DistillationConfig, ReaderLoopConfig,
-         ReaderOptimizerConfig)
+FLAGS = (ReaderArgs, DataConfig, WindowConfig, DecodingConfig, RankedCorpusConfig, PassagesConfig, DistillationConfig,
+         ReaderLoopConfig, ReaderOptimizerConfig)
 FILES = ("train_file", "validation_file", "predict_file", "passages")  # checked to exist before anything else
 
 
-def resolve(args, data, window, decoding, passages, distillation, loop, optim):
+def resolve(args, data, window, decoding, corpus, passages, distillation, loop, optim):
     """The parsed configs completed and checked across, once: a trained reader's recorded windows, decoding and
     (--do_train false) precision where no flag says otherwise, the shipped sample when no data is given, the
     epochs. Returns them in the order given; the distillation is None without a teacher."""
     check_model_dir(args.model_name_or_path, "model_name_or_path")
+    passages.check_corpus(corpus)
     recorded = ReaderSettings.load(args.model_name_or_path) or ReaderSettings()
     window, decoding = filled(window, recorded), filled(decoding, recorded)  # as trained, unless a flag says
     if data.dataset_name and (data.train_file or data.validation_file):
         raise UserError("give either --dataset_name or --train_file/--validation_file, not both")
-    if not args.do_train:
+    if not loop.do_train:
         if data.train_file or data.dataset_name or data.dev_split or args.num_hidden_layers:
             raise UserError("--do_train false only evaluates and predicts: drop --train_file/--dataset_name/"
                             "--dev_split/--num_hidden_layers (a trained reader reads as trained)")
@@ -151,13 +152,13 @@ def resolve(args, data, window, decoding, passages, distillation, loop, optim):
                        validation_file=os.path.join(SAMPLE_DIR, "dev.json"))
         loop = replace(loop, num_train_epochs=loop.num_train_epochs or 8.0)  # more passes: the sample is tiny
     loop = replace(loop, num_train_epochs=loop.num_train_epochs or 2.0)
-    if args.do_train:
+    if loop.do_train:
         data.check_training()
     check_layers(args.model_name_or_path, args.num_hidden_layers)
     if distillation.teacher is None:
         distillation = None
     else:
-        if not args.do_train:
+        if not loop.do_train:
             raise UserError("--teacher teaches a training run: drop it with --do_train false")
         if distillation.distil_layers and loop.eval_steps:
             raise UserError("--distil_layers trains the student's layers, not its answers: drop --eval_steps (its dev "
@@ -165,7 +166,7 @@ def resolve(args, data, window, decoding, passages, distillation, loop, optim):
         check_teacher(distillation.teacher, args.model_name_or_path, window.max_seq_length, window.doc_stride,
                       window.max_query_length, distillation.layer_pairs, args.num_hidden_layers,
                       shared_norm=passages.shared_norm)
-    return args, data, window, decoding, passages, distillation, loop, optim
+    return args, data, window, decoding, corpus, passages, distillation, loop, optim
 
 
 if __name__ == "__main__":

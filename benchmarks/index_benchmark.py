@@ -72,9 +72,9 @@ def throughput(args) -> dict:
         rows[name] = {"texts_per_second": round(len(texts) / best, 1), "seconds": round(best, 2)}
         print(name, rows[name], flush=True)
 
-    timed(f"this project, Retriever.encode_passages ({retriever.precision} autocast)",
+    timed(f"this project, Retriever.encode_passages ({retriever.mixed_precision} autocast)",
           lambda t: retriever.encode_passages([{"title": w["title"], "text": x} for w, x in zip(windows, t)]))
-    retriever.precision = "no"
+    retriever.mixed_precision = "no"
     timed("this project, Retriever.encode_passages (fp32)",
           lambda t: retriever.encode_passages([{"title": w["title"], "text": x} for w, x in zip(windows, t)]))
     # The passage side's directory (a shared encoder's query_encoder/ says the questions' max_seq_length), and its

@@ -38,7 +38,8 @@ def start(args, max_batch: int, port: int):
     """serve.py as its own process, once /health says ready (its output in serve-benchmark-MAX_BATCH.log in the
     temporary directory)."""
     cmd = [sys.executable, os.path.join(ROOT, "serve.py"), "--retriever", args.retriever, "--reader", args.reader,
-           "--port", str(port), "--max_batch", str(max_batch), "--max_questions", "1" if max_batch == 1 else "16"]
+           "--port", str(port), "--max_batch", str(max_batch),
+           "--max_questions_per_request", "1" if max_batch == 1 else "16"]
     cmd += ["--index", args.index] if args.index else ["--passages", args.passages]
     if args.mixed_precision:
         cmd += ["--mixed_precision", args.mixed_precision]

@@ -1,5 +1,6 @@
 """Print docs/FLAGS.md, the flag tables of every script, from the dataclasses each script parses its command line
-into (its FLAGS; make_dpr_data.py's argparse parser): the manual says what --help says.
+into (its FLAGS): the manual says what --help says. A renamed flag's old spelling, which still works, is named
+beside it.
 
     python scripts/flag_tables.py > docs/FLAGS.md      # after changing a flag (tests/test_configs_and_docs.py checks)
 """
@@ -13,11 +14,11 @@ sys.path.insert(0, ROOT)
 
 import index_corpus  # noqa: E402
 import ingest_documents  # noqa: E402
+import make_dpr_data  # noqa: E402
 import qa_system  # noqa: E402
 import serve  # noqa: E402
 import train_dpr  # noqa: E402
 import train_reader  # noqa: E402
-from make_dpr_data import arguments as make_dpr_data_arguments  # noqa: E402
 from utils.runtime.flags import packaged_minilm  # noqa: E402
 
 INTROS = {"shared": "Shared flags (both scripts):", "reader": "Reader flags:",
@@ -40,20 +41,14 @@ def default(f) -> str:
 
 def table(fields) -> str:
     rows = ["| flag | default | meaning |", "|---|---|---|"]
-    rows += [f"| `--{f.name}` | {default(f)} | {f.metadata['help']} |" for f in fields]
+    rows += [f"| `--{f.name}`{old_spellings(f)} | {default(f)} | {f.metadata['help']} |" for f in fields]
     return "\n".join(rows)
 
 
-def argparse_table(parser) -> str:
-    """The arguments of a plain argparse command line (make_dpr_data.py's), positional ones first, as in --help."""
-    rows = ["| flag | default | meaning |", "|---|---|---|"]
-    for a in parser._actions:
-        if a.dest == "help":
-            continue
-        name = f"`{a.option_strings[0]}`" if a.option_strings else f"`{a.dest}` (positional)"
-        default = "required" if a.required or not a.option_strings else "—" if a.default is None else a.default
-        rows.append(f"| {name} | {default} | {a.help[0].upper() + a.help[1:]}. |")
-    return "\n".join(rows)
+def old_spellings(f) -> str:
+    """A renamed flag's old names (their dashed forms, which every flag has, left out)."""
+    aliases = [a for a in f.metadata.get("aliases", ()) if "-" not in a[2:]]
+    return f" (was {', '.join(f'`{a}`' for a in aliases)})" if aliases else ""
 
 
 def flags(script) -> list:
@@ -76,12 +71,12 @@ def tables() -> dict[str, str]:
             INTROS["dpr"]: table(own(train_dpr)), INTROS["qa"]: table(flags(qa_system)),
             INTROS["serve"]: table(flags(serve)), INTROS["ingest"]: table(flags(ingest_documents)),
             INTROS["index"]: table(flags(index_corpus)),
-            INTROS["make_dpr_data"]: argparse_table(make_dpr_data_arguments())}
+            INTROS["make_dpr_data"]: table(flags(make_dpr_data))}
 
 
 HEADING = """# Flags
 
-Every flag of every script, generated from the dataclasses each script parses into (make_dpr_data.py's parser) by
+Every flag of every script, generated from the dataclasses each script parses into by
 `python scripts/flag_tables.py > docs/FLAGS.md` (do not edit by hand): what `--help` says. Back to the
 [README](../README.md)."""
 

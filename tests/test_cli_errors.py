@@ -140,7 +140,7 @@ def test_help_says_what_each_flag_does(capsys):
 
     reader, dpr = help_text(READER_FLAGS, capsys), help_text(DPR_FLAGS, capsys)
     # the --no_ twin of a boolean flag says what it does, not the positive flag's help with "(default: False)"
-    assert "--no_do_train, --no-do-train Same as --do_train false. --predict_file" in reader
+    assert "--no_do_train, --no-do-train Same as --do_train false. --mixed_precision" in reader
     assert "--no_embed_title, --no-embed-title Same as --embed_title false. --window_sentences" in dpr
     assert "'cls' (the first token's, as in DPR) or 'mean'" in dpr and "'dot' (inner product, DPR)" in dpr
     assert "exact, f1, HasAns_exact, HasAns_f1, NoAns_exact, NoAns_f1" in reader and "tuned_f1" in reader

@@ -61,13 +61,13 @@ def flag_names(script) -> list[str]:
 def test_every_flag_is_declared_once_and_in_the_table_of_the_script_that_has_it():
     import index_corpus
     import ingest_documents
+    import make_dpr_data
     import qa_system
     import serve
     import train_dpr
     import train_reader
-    from make_dpr_data import arguments
 
-    scripts = (train_reader, train_dpr, qa_system, serve, index_corpus, ingest_documents)
+    scripts = (train_reader, train_dpr, qa_system, serve, index_corpus, ingest_documents, make_dpr_data)
     for script in scripts:  # one declaration per setting: no two of a script's configs share a field
         assert len(set(flag_names(script))) == len(flag_names(script)), script.__name__
     tables = flag_tables(open(f"{ROOT}/docs/FLAGS.md").read())
@@ -80,8 +80,7 @@ def test_every_flag_is_declared_once_and_in_the_table_of_the_script_that_has_it(
             "Server flags (`serve.py`, its own):": set(flag_names(serve)),
             "Index flags (`index_corpus.py`, its own):": set(flag_names(index_corpus)),
             "Documents to passages flags (`ingest_documents.py`, its own):": set(flag_names(ingest_documents)),
-            "SQuAD -> DPR converter flags (`make_dpr_data.py`, its own):": {
-                a.dest for a in arguments()._actions if a.option_strings and a.dest != "help"}}
+            "SQuAD -> DPR converter flags (`make_dpr_data.py`, its own):": set(flag_names(make_dpr_data))}
     assert {intro: sorted(tables.get(intro, [])) for intro in want} == {k: sorted(v) for k, v in want.items()}
 
 
@@ -118,3 +117,46 @@ def test_no_line_of_the_projects_python_is_over_120_characters():
             for n, line in enumerate(open(os.path.join(ROOT, path), encoding="utf-8"), 1)
             if len(line.rstrip("\n")) > 120]
     assert not long, "lines over 120 characters: " + ", ".join(long)
+
+
+def test_a_flag_the_scripts_share_is_declared_once():
+    """--passages was declared 4 times, --index, --retriever, --output_dir and --overwrite_output_dir 3 times each,
+    each with its own help: one declaration now, in the config the scripts share (issue 59)."""
+    import index_corpus
+    import qa_system
+    import serve
+    import train_dpr
+    import train_reader
+
+    declared = {}
+    for script in (train_reader, train_dpr, qa_system, serve, index_corpus):
+        for cls in script.FLAGS:
+            for base in cls.__mro__:
+                for name in base.__dict__.get("__annotations__", {}):
+                    first = next(b for b in reversed(base.__mro__) if name in b.__dict__.get("__annotations__", {}))
+                    declared.setdefault(name, set()).add(first.__qualname__)
+    for name in ("passages", "index", "retriever", "batch_size", "output_dir", "overwrite_output_dir", "k",
+                 "do_train", "group_by_length"):
+        assert len(declared[name]) == 1, (name, declared[name])
+
+
+def test_a_renamed_flag_keeps_its_old_spelling_and_says_the_new_name_once(capsys, tmp_path):
+    import make_dpr_data
+    import qa_system
+    import serve
+    from utils.runtime.flags import parse_args
+
+    (tmp_path / "config.json").write_text("{}")  # a model directory, as the reader's check reads one
+    corpus = ["--passages", f"{ROOT}/data/sample/dpr_passages.jsonl", "--reader", tmp_path, "--retriever", "bm25"]
+    corpus = list(map(str, corpus))
+    (args, config, _) = parse_args(qa_system.FLAGS, ["--questions", f"{ROOT}/data/sample/dev.json", *corpus,
+                                                     "--top_k", "3"])
+    assert config.k == 3
+    (config, _, _, limits) = parse_args(serve.FLAGS, [*corpus, "--max_questions", "4"])
+    assert limits.max_questions_per_request == 4
+    (convert,) = parse_args(make_dpr_data.FLAGS, ["a.json", "b.json", "--out", "dpr.json"])
+    assert convert.output == "dpr.json" and convert.squad_files == ["a.json", "b.json"]
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == ["note: --top_k is now --k (the old spelling still works)",
+                     "note: --max_questions is now --max_questions_per_request (the old spelling still works)",
+                     "note: --out is now --output (the old spelling still works)"]

@@ -98,17 +98,17 @@ def test_converter_on_the_sample(tmp_path):
     assert with_hard > 0.9 * len(data)
 
     out, corpus = tmp_path / "dpr.json", tmp_path / "passages.jsonl"
-    convert([f"{SAMPLE}/train.json", "--out", str(out), "--passages", str(corpus)])
+    convert([f"{SAMPLE}/train.json", "--output", str(out), "--passages", str(corpus)])
     assert len(load_dpr(str(out))) == len(data) and len(load_passages(str(corpus))) == len(passages)
 
 
 def test_shipped_dpr_sample_is_what_the_converter_makes(tmp_path):
     out = tmp_path / "dev.json"
-    convert([f"{SAMPLE}/dev.json", "--out", str(out)])
+    convert([f"{SAMPLE}/dev.json", "--output", str(out)])
     assert json.loads(out.read_text()) == json.load(open(f"{SAMPLE}/dpr_dev.json"))
 
 
 def test_converter_creates_the_output_directories(tmp_path):
     out, corpus = tmp_path / "new" / "dir" / "dpr.json", tmp_path / "other" / "passages.jsonl"
-    convert([f"{SAMPLE}/dev.json", "--out", str(out), "--passages", str(corpus)])
+    convert([f"{SAMPLE}/dev.json", "--output", str(out), "--passages", str(corpus)])
     assert len(load_dpr(str(out))) == 44 and len(load_passages(str(corpus))) == 6

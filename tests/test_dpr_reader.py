@@ -52,7 +52,7 @@ def test_the_target_is_each_passages_share_of_the_readers_answer_probability_by_
                       for s, e, c in zip(starts, ends, contexts)])
     by_hand = joint / joint.sum()
 
-    decoded = Reader(shared_reader_dir, device="cpu", precision="no").spans(
+    decoded = Reader(shared_reader_dir, device="cpu", mixed_precision="no").spans(
         [{"id": str(i), "question": QUESTION, "context": t} for i, t in enumerate(PASSAGES)])
     scores = np.array([passage_log_probability(decoded[str(i)]) for i in range(len(PASSAGES))])
     np.testing.assert_allclose(softmax(scores), by_hand, rtol=1e-5)
@@ -205,7 +205,6 @@ def test_the_loop_a_reader_trained_on_a_retrievers_passages_then_a_retriever_fro
     from accelerate import Accelerator
 
     from utils.files.corpus import load_passages
-    from utils.reader.config import PassagesConfig
     from utils.reader.passages import ranked_passages
     from utils.retriever.retriever import ranking_for_run
     from utils.retriever.retriever import Retriever
@@ -215,8 +214,7 @@ def test_the_loop_a_reader_trained_on_a_retrievers_passages_then_a_retriever_fro
     questions = [q["question"] for q in json.load(open(f"{SAMPLE}/dpr_dev.json"))[:8]]
     examples = [{"question": q} for q in questions]
     accelerator = Accelerator(cpu=True)
-    config = PassagesConfig(f"{SAMPLE}/dpr_passages.jsonl", passages_per_question=2, retriever=retriever_dir)
-    corpus, rank = ranking_for_run(accelerator, config.retriever, config.passages, config.index,
+    corpus, rank = ranking_for_run(accelerator, retriever_dir, f"{SAMPLE}/dpr_passages.jsonl", None,
                                    str(tmp_path / "retriever_index"))
     assert [corpus[j] for j in range(len(corpus))] == passages  # the corpus as its index holds it
     ranked = ranked_passages(accelerator, examples, corpus, 5, rank)

@@ -64,18 +64,20 @@ def test_an_index_is_the_retrievers_corpus_in_place_of_the_passages(tmp_path):
     import pytest
 
     from utils.errors import UserError
+    from utils.index.config import RankedCorpusConfig
     from utils.reader.config import PassagesConfig
 
-    corpus = f"{SAMPLE}/dpr_passages.jsonl"
-    cases = [(dict(index=str(tmp_path), passages_per_question=2), "--index is the --retriever's index"),
-             (dict(index=str(tmp_path), passages=corpus, retriever=str(tmp_path), passages_per_question=2),
-              "not both"),
-             (dict(index=str(tmp_path / "nowhere"), retriever=str(tmp_path), passages_per_question=2),
-              "nowhere: no such directory"),
-             (dict(index=str(tmp_path), retriever=str(tmp_path)), "--index is for")]
-    for kwargs, message in cases:
+    corpus, retriever = f"{SAMPLE}/dpr_passages.jsonl", tmp_path / "retriever"
+    retriever.mkdir()
+    (retriever / "retriever_settings.json").write_text("{}")  # what the parse-time check of a retriever reads
+    cases = [(dict(index=str(tmp_path)), 2, "--index is the --retriever's index"),
+             (dict(index=str(tmp_path), passages=corpus, retriever=str(retriever)), 2, "not both"),
+             (dict(index=str(tmp_path / "nowhere"), retriever=str(retriever)), 2, "nowhere: no such directory"),
+             (dict(index=str(tmp_path), retriever=str(retriever)), 1, "--index is for")]
+    for corpus_flags, passages_per_question, message in cases:
         with pytest.raises(UserError, match=message):
-            PassagesConfig(**{"passages": None, **kwargs})
+            PassagesConfig(passages_per_question=passages_per_question).check_corpus(
+                RankedCorpusConfig(**corpus_flags))
 
 
 def test_negatives_need_their_corpus_and_a_retriever_its_passages(tiny_bert_dir, tmp_path):
@@ -88,13 +90,16 @@ def test_negatives_need_their_corpus_and_a_retriever_its_passages(tiny_bert_dir,
     proc = run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", tmp_path / "o",
                       "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--passages_per_question", 1, check=False)
     assert_user_error(proc, "--passages is for")
+    retriever = tmp_path / "retriever"
+    retriever.mkdir()
+    (retriever / "retriever_settings.json").write_text("{}")  # what the parse-time check of a retriever reads
     proc = run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", tmp_path / "o",
-                      "--retriever", tiny_bert_dir, check=False)
+                      "--retriever", retriever, check=False)
     assert_user_error(proc, "--retriever ranks --passages for")
     proc = run_script("train_reader.py", "--model_name_or_path", tiny_bert_dir, "--output_dir", tmp_path / "o",
                       "--passages", f"{SAMPLE}/dpr_passages.jsonl", "--passages_per_question", 2, "--retriever",
                       tiny_bert_dir, check=False)
-    assert_user_error(proc, f"--retriever {tiny_bert_dir}: not a retriever trained by train_dpr.py")
+    assert_user_error(proc, f"--retriever {tiny_bert_dir}: not a retriever written by train_dpr.py")
     assert not os.path.exists(tmp_path / "o")
 
 
@@ -105,7 +110,6 @@ from accelerate import Accelerator
 from utils.retriever.retriever import ranking_for_run
 from utils.files.corpus import load_passages
 from utils.files.squad import load_squad
-from utils.reader.config import PassagesConfig
 from utils.reader.negative_passages import negative_depth, negative_pools
 from utils.reader.passages import ranked_passages
 from utils.retriever.retriever import Retriever
@@ -126,8 +130,7 @@ def counted_search(self, *args, **kwargs):  # BM25 rankings
 
 Retriever.encode_passages, BM25.search = counted_encode, counted_search
 examples, _ = load_squad({sample!r} + "/train.json")
-config = PassagesConfig({sample!r} + "/dpr_passages.jsonl", passages_per_question=2, retriever=retriever_dir)
-corpus, rank = ranking_for_run(acc, config.retriever, config.passages, config.index,
+corpus, rank = ranking_for_run(acc, retriever_dir, {sample!r} + "/dpr_passages.jsonl", None,
                                os.path.join(out, "run", "retriever_index"))
 dense = ranked_passages(acc, examples, corpus, negative_depth(1), rank)
 dense_pools = negative_pools(examples, corpus, dense, 1)

@@ -251,6 +251,6 @@ def test_library_warnings_are_not_muted_for_the_whole_process(tmp_path):
     code = ("import sys, transformers; sys.path.insert(0, {root!r}); before = transformers.logging.get_verbosity()\n"
             "from utils.runtime.flags import parse_args\nfrom utils.loop.setup import setup\n"
             "from train_reader import FLAGS, resolve\n"
-            "setup(resolve(*parse_args(FLAGS, ['--output_dir', {out!r}]))[6])\n"
+            "setup(resolve(*parse_args(FLAGS, ['--output_dir', {out!r}]))[7])\n"
             "assert transformers.logging.get_verbosity() == before, transformers.logging.get_verbosity()")
     subprocess.run([sys.executable, "-c", code.format(root=ROOT, out=str(tmp_path / "o"))], check=True)

@@ -57,7 +57,6 @@ from utils.errors import UserError
 for library in ("pypdf", "trafilatura"):
     logging.getLogger(library).setLevel(logging.ERROR)
 
-FORMATS = "txt, md, html, pdf"
 
 
 class Document(NamedTuple):
@@ -372,3 +371,14 @@ def read_pdf(path: str, raw: bytes):
 READERS = {".txt": (read_txt, "text file"), ".text": (read_txt, "text file"), ".md": (read_markdown, "Markdown file"),
            ".markdown": (read_markdown, "Markdown file"), ".html": (read_html, "HTML page"),
            ".htm": (read_html, "HTML page"), ".pdf": (read_pdf, "PDF")}
+
+
+def first_extensions() -> str:
+    """The formats read, as messages name them: each reader's first extension in READERS."""
+    first = {}
+    for extension, (reader, _) in READERS.items():
+        first.setdefault(reader, extension.lstrip("."))
+    return ", ".join(first.values())
+
+
+FORMATS = first_extensions()

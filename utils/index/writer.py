@@ -35,7 +35,7 @@ class PassageEncoder(Protocol):
     """What an index is built with (utils.retriever.retriever.Retriever is one)."""
     model_dir: str  # where the model lies (an index is never written inside it)
     dimension: int
-    precision: str  # the autocast it embeds under
+    mixed_precision: str  # the autocast it embeds under
     hybrid_by_default: bool  # whether it ranks fused with BM25 unless told: a new index then has BM25
 
     def built_by(self) -> dict:
@@ -216,7 +216,7 @@ def _build_index(accelerator, encoder, passages, output_dir, dtype, chunk_passag
     accelerator.print(f"index{f' update to version {version}' if update else ''}: {corpus['passages']} passages, "
                       f"{len(plan['chunks'])} chunks in {world} shard(s), "
                       f"{'sentence windows' if windows(encoder) else 'whole passages'}, "
-                      f"precision {encoder.precision}, {dtype} vectors, "
+                      f"precision {encoder.mixed_precision}, {dtype} vectors, "
                       f"{bm25_said(bm25, found.get('bm25') if update else None)} -> {output_dir}")
     n = len(plan["chunks"])
     mine = plan["chunks"][rank * n // world:(rank + 1) * n // world]

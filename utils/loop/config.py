@@ -2,8 +2,9 @@
 (AdamW and its learning-rate schedule) and `LoopConfig` (the process, the updates, evaluation, checkpoints and the
 output directory), each field a flag of its name with its help string and checks beside it (the errors name the
 flag). A script subclasses both for the few settings whose default and meaning are its task's (output_dir,
-learning_rate, num_train_epochs, per_device_train_batch_size, metric_for_best_model): a field declared here
-without a help string is one of those.
+learning_rate, num_train_epochs, per_device_train_batch_size, group_by_length, metric_for_best_model): a field
+declared here without a help string is one of those. Where a run writes is OutputConfig's, which every script
+that writes a directory shares.
 """
 
 import os
@@ -12,6 +13,7 @@ from typing import Literal, Optional
 
 from utils.errors import UserError, check_at_least_one
 from utils.runtime.flags import arg, process_group_timeout_arg
+from utils.runtime.output_dir import OutputConfig
 
 
 @dataclass(frozen=True)
@@ -33,15 +35,15 @@ class OptimizerConfig:
 
 
 @dataclass(frozen=True)
-class LoopConfig:
-    output_dir: str  # these four are the script's: their defaults and words are its task's
-    metric_for_best_model: str
+class LoopConfig(OutputConfig):
+    # output_dir (OutputConfig's) and these are the script's: their defaults and words are its task's
+    metric_for_best_model: str = None
     num_train_epochs: Optional[float] = None  # None until the script resolves it (its data says how many)
     per_device_train_batch_size: int = 16
-    overwrite_output_dir: bool = arg(
-        False, "Use output_dir even if it holds a trained model, checkpoints or outputs of an earlier run, or files of "
-        "no run of this project: training deletes the checkpoints at the start and everything else when the new model "
-        "is published; --do_train false replaces everything when it writes its results.")
+    group_by_length: bool = False
+    do_train: bool = arg(True, "Train. With false, only evaluate (--validation_file; the reader also predicts, "
+                               "--predict_file) the trained model of --model_name_or_path, as it was trained: its "
+                               "recorded settings (reader_settings.json, retriever_settings.json) apply.")
     # --- precision -------------------------------------------------------------------------------
     mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = arg(
         None, "Autocast precision. Default: training, what `accelerate config` / `accelerate launch` set, else 'no'; "

@@ -6,11 +6,11 @@ reader's (`ReaderLoopConfig`, `ReaderOptimizerConfig`). Each field is the flag o
 string and its checks beside it (the errors name the flag); code below the script reads its settings from these.
 """
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 from utils.errors import UserError, check_at_least_one
+from utils.index.config import RankedCorpusConfig
 from utils.loop.config import LoopConfig, OptimizerConfig, max_eval_samples_arg, max_train_samples_arg
 from utils.reader.trained import ReaderSettings
 from utils.runtime.flags import arg
@@ -64,8 +64,8 @@ class DecodingConfig:
 
 @dataclass(frozen=True)
 class PassagesConfig:
-    passages: Optional[str] = arg(None, "The corpus the negative or retrieved passages come from (JSON lines of "
-                                        "title/text/passage_id).")
+    """Passages of the corpus (RankedCorpusConfig: --passages, or a --retriever's --index) read with each training
+    question besides its own paragraph."""
     negative_passages: int = arg(0, "Per training question and epoch, N passages of --passages that hold none of its "
                                  "answer strings, read as unanswerable windows (drawn anew each epoch from its "
                                  "best-ranked ones): teaches a reader that will read retrieved passages to abstain.")
@@ -76,13 +76,6 @@ class PassagesConfig:
                                         "softmax for the start and one for the end (shared normalization): a reader "
                                         "whose scores compare across the passages the QA system gives it, with one "
                                         "no-answer decision per question. 1: one paragraph at a time.")
-    retriever: Optional[str] = arg(None, "Rank --passages for each training question with this retriever (trained by "
-                                         "train_dpr.py; hybrid where it recorded a dense weight, as the QA system "
-                                         "ranks) instead of BM25: a reader trained on the passages it will be given. "
-                                         "--passages is indexed into output_dir/retriever_index by every process, "
-                                         "each its shard (kept: qa_system.py --index takes it), unless --index.")
-    index: Optional[str] = arg(None, "With --retriever, instead of --passages: its index of the corpus "
-                                     "(index_corpus.py), whose shards the processes search.")
 
     def __post_init__(self):
         if self.negative_passages < 0:
@@ -92,24 +85,24 @@ class PassagesConfig:
         if self.negative_passages and self.shared_norm:
             raise UserError("--negative_passages and --passages_per_question are two ways to read retrieved passages: "
                             "give one")
-        if self.index is not None:
-            if self.retriever is None:
+
+    def check_corpus(self, corpus: RankedCorpusConfig) -> None:
+        """The corpus these passages come from, and what ranks it for each training question: BM25 over --passages,
+        or a trained --retriever (which indexes --passages into output_dir/retriever_index by every process, each
+        its shard, kept for qa_system.py --index; or searches its --index)."""
+        if corpus.index is not None:
+            if corpus.trained_retriever is None:
                 raise UserError("--index is the --retriever's index of the corpus: give --retriever too")
-            if self.passages is not None:
+            if corpus.passages is not None:
                 raise UserError("give the corpus as --passages or as the retriever's --index, not both")
-            if not os.path.isdir(self.index):
-                raise UserError(f"--index {self.index}: no such directory")
-        if self.retrieving and self.passages is None and self.index is None:
+        if self.retrieving and corpus.passages is None and corpus.index is None:
             raise UserError(f"{'--negative_passages N' if self.negative_passages else '--passages_per_question M'} "
                             "needs --passages (the corpus its passages come from)")
-        if not self.retrieving and (self.passages is not None or self.index is not None):
-            raise UserError(f"--{'passages' if self.passages is not None else 'index'} is for --negative_passages N "
+        if not self.retrieving and (corpus.passages is not None or corpus.index is not None):
+            raise UserError(f"--{'passages' if corpus.passages is not None else 'index'} is for --negative_passages N "
                             "or --passages_per_question M (more than 1)")
-        if self.retriever is not None and not self.retrieving:
+        if corpus.retriever is not None and not self.retrieving:
             raise UserError("--retriever ranks --passages for --negative_passages N or --passages_per_question M")
-        if self.retriever is not None and not os.path.isfile(os.path.join(self.retriever, "retriever_settings.json")):
-            raise UserError(f"--retriever {self.retriever}: not a retriever trained by train_dpr.py (no "
-                            "retriever_settings.json)")
 
     @property
     def shared_norm(self) -> bool:
@@ -225,6 +218,9 @@ class ReaderLoopConfig(LoopConfig):
                                             "sample, 2 otherwise). Ignored if --max_train_steps is set.")
     per_device_train_batch_size: int = arg(16, "Micro-batch size per process: windows, or with "
                                                "--passages_per_question questions (with all their passages' windows).")
+    group_by_length: bool = arg(True, "Batch windows of similar length together (random order across buckets) to "
+                                      "cut padding; with --passages_per_question, questions by the longest window "
+                                      "each reads in the epoch (every window of a batch is padded to its longest).")
 
 
 @dataclass(frozen=True)

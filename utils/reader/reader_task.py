@@ -19,7 +19,7 @@ from utils.reader.distillation import Teacher, without_projection
 from utils.reader.groups import QuestionGroups
 from utils.reader.metrics import best_null_threshold, squad_metrics
 from utils.reader.shared_norm import allowed_positions, shared_norm_loss
-from utils.reader.trained import ReaderSettings, fingerprint
+from utils.reader.trained import ReaderSettings, fingerprint, normalization
 from utils.reader.windows_cache import tokenize_windows
 
 
@@ -142,12 +142,11 @@ class ReaderTask(Task):
         self.tokenizer.save_pretrained(directory)
         tuned_on = None if self.null_threshold is None else {
             "data": self.dev.name, "questions": len(self.dev.examples), "fingerprint": self.dev_fingerprint}
-        w, d = self.window_config, self.decoding_config
-        ReaderSettings(w.max_seq_length, w.doc_stride, w.max_query_length, d.n_best_size, d.max_answer_length,
-                       self.null_threshold, tuned_on, precision=self.accelerator.mixed_precision,
-                       normalization="question" if self.shared_norm else "window",
-                       passages_per_question=self.passages_per_question,
-                       teacher=None if self.teacher is None else self.teacher.record()).save(directory)
+        ReaderSettings.from_configs(
+            self.window_config, self.decoding_config, null_threshold=self.null_threshold,
+            null_threshold_tuned_on=tuned_on, precision=self.accelerator.mixed_precision,
+            normalization=normalization(self.shared_norm), passages_per_question=self.passages_per_question,
+            teacher=None if self.teacher is None else self.teacher.record()).save(directory)
 
     def write_outputs(self, directory, result):
         write_json(self.accelerator, os.path.join(directory, "predictions.json"), result["predictions"])

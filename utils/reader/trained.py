@@ -19,7 +19,8 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import transformers
@@ -31,6 +32,7 @@ from utils.errors import UserError
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
 from utils.reader.windows import prepare_windows
 from utils.runtime.batching import pad_batch
+from utils.runtime.settings_file import SettingsFile
 
 logger = logging.getLogger("qa-amp")
 
@@ -43,8 +45,9 @@ OLD_HEADS = {"passage_selection": "a passage-selection head", "answerability": "
 
 
 @dataclass
-class ReaderSettings:
+class ReaderSettings(SettingsFile):
     """How a reader turns a (question, context) pair into an answer."""
+    FILE: ClassVar[str] = SETTINGS_FILE
 
     # The windows (utils.reader.config.WindowConfig) and the decoding (DecodingConfig): these defaults are the ones
     # a model without reader_settings.json is trained and read with, declared once here (the flags' help says them).
@@ -73,27 +76,28 @@ class ReaderSettings:
 
     @property
     def shared_norm(self) -> bool:
-        return self.normalization == "question"
-
-    def save(self, directory: str) -> None:
-        with open(os.path.join(directory, SETTINGS_FILE), "w") as f:
-            json.dump(asdict(self), f, indent=1)
+        return self.normalization == normalization(True)
 
     @classmethod
     def load(cls, directory: str) -> "ReaderSettings | None":
         """The settings saved in a model directory, None if it has none (or is a hub name). A setting this version
         no longer has (an older version's "passage_selection" or "verifier_weight") is ignored; a nonzero
         verifier weight is said, since the threshold saved beside it was tuned with the verifier's term."""
-        path = os.path.join(directory, SETTINGS_FILE)
-        if not os.path.isfile(path):
+        found = cls.recorded(directory)
+        if found is None:
             return None
-        with open(path) as f:
-            saved = json.load(f)
+        known, saved = found
         if saved.get("verifier_weight"):
             logger.warning("%s: its null threshold was tuned with an answerability verifier's term (weight %g), "
                            "which this version does not take: it abstains otherwise than the run that tuned it",
                            directory, saved["verifier_weight"])
-        return cls(**{f.name: saved[f.name] for f in fields(cls) if f.name in saved})
+        return cls(**known)
+
+
+def normalization(shared_norm: bool) -> str:
+    """The name of a reader's softmax and no-answer rule, as reader_settings.json and every output record it:
+    "question" (shared normalization: one over all the windows a question reads) or "window" (one per window)."""
+    return "question" if shared_norm else "window"
 
 
 def fingerprint(examples: list[dict]) -> str:
@@ -179,9 +183,9 @@ def load_qa_model(path: str, trained: bool = True, num_hidden_layers: int | None
 class Reader:
     """A trained reader loaded once; `answer` takes (question, context) pairs in batches."""
 
-    def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64, precision: str | None = None,
-                 sort_by_length: bool = False):
-        """`precision`: "bf16" or "fp16" runs the forward passes under autocast (logits are decoded in fp32), "no"
+    def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64,
+                 mixed_precision: str | None = None, sort_by_length: bool = False):
+        """`mixed_precision`: "bf16" or "fp16" runs the forward passes under autocast (logits are decoded in fp32), "no"
         in fp32; default: the precision it was trained at (reader_settings.json), else "no". `sort_by_length`: batch
         windows of similar lengths (faster; the default batches them in order, as the training run's evaluation
         does, so that the logits, not only the answers, are the same)."""
@@ -189,16 +193,16 @@ class Reader:
         recorded = ReaderSettings.load(model_dir)
         self.settings = recorded or ReaderSettings()  # none recorded: threshold 0
         self.recorded = recorded is not None
-        self.precision = precision or self.settings.precision or "no"
-        if self.precision not in ("no", "bf16", "fp16"):
-            raise UserError(f"reader precision {self.precision!r}: choose no, bf16 or fp16")
+        self.mixed_precision = mixed_precision or self.settings.precision or "no"
+        if self.mixed_precision not in ("no", "bf16", "fp16"):
+            raise UserError(f"reader precision {self.mixed_precision!r}: choose no, bf16 or fp16")
         if batch_size < 1:
             raise UserError(f"batch_size must be at least 1 (got {batch_size})")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = load_qa_model(model_dir).to(self.device).eval()
         self.batch_size, self.sort_by_length = batch_size, sort_by_length
-        self.autocast = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+        self.autocast = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.mixed_precision]
 
     def answer(self, pairs) -> list[dict]:
         """For each (question, context): {"answer" ("" = no answer), "score" (start+end logit of the best span),

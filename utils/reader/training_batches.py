@@ -10,7 +10,6 @@ import torch
 from torch.utils.data import DataLoader
 
 from utils.errors import UserError
-from utils.files.corpus import load_passages
 from utils.reader.config import PassagesConfig, WindowConfig
 from utils.reader.decoding import MODEL_INPUTS
 from utils.reader.groups import QuestionGroups
@@ -30,18 +29,16 @@ class TrainingBatches:
 
 def training_batches(accelerator, tokenizer, examples: list[dict], window_config: WindowConfig,
                      passage_config: PassagesConfig, collate, *, batch_size: int, group_by_length: bool,
-                     seed: int, corpus=None, rank=None) -> TrainingBatches:
+                     seed: int, passages=None, rank=None) -> TrainingBatches:
     """The loader of `examples` for the shared loop: `batch_size` windows (or questions, with shared normalization)
-    per process, in an order that is a pure function of (seed, epoch). `corpus`: the passages read besides a
-    question's own (a list, or an index's passages; None: passage_config's file, loaded); `rank`: how they are ranked
-    (utils.reader.passages.ranked_passages; None: BM25)."""
-    if passage_config.retrieving and corpus is None:
-        corpus = load_passages(passage_config.passages)
+    per process, in an order that is a pure function of (seed, epoch). `passages`: the corpus's passages read
+    besides a question's own, where passage_config reads any (a list, or an index's passages); `rank`: how they are
+    ranked (utils.reader.passages.ranked_passages; None: BM25)."""
     # Own generator: creating an iterator must not draw from the global RNG, or a resumed run's dropout masks would
     # differ from an uninterrupted run's.
     generator = torch.Generator().manual_seed(seed)
     if passage_config.shared_norm:  # each question with M - 1 retrieved passages, one softmax over their windows
-        groups = QuestionGroups(accelerator, tokenizer, window_config, examples, corpus,
+        groups = QuestionGroups(accelerator, tokenizer, window_config, examples, passages,
                                 passage_config.passages_per_question, seed, rank)
         sampler = LengthGroupedBatchSampler(groups.lengths, batch_size, seed, group_by_length)
         loader = DataLoader(list(range(len(groups))), batch_sampler=sampler, collate_fn=torch.tensor,
@@ -56,7 +53,7 @@ def training_batches(accelerator, tokenizer, examples: list[dict], window_config
     epoch_items = None  # every window, every epoch
     if passage_config.negative_passages:  # + unanswerable windows from retrieved passages, drawn anew each epoch
         windows, epoch_items, pool = with_negative_passages(
-            accelerator, tokenizer, window_config, examples, windows, corpus, passage_config.negative_passages, seed,
+            accelerator, tokenizer, window_config, examples, windows, passages, passage_config.negative_passages, seed,
             rank)
         logger.info("train: + %d negative passages per question per epoch, from a pool of %d",
                     passage_config.negative_passages, pool)

@@ -6,7 +6,6 @@ is ranked on), and the loop's settings whose defaults are DPR's (`DPRLoopConfig`
 is the flag of its name, with its help string and its checks beside it (the errors name the flag).
 """
 
-import os
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -142,29 +141,17 @@ class ReaderDistillationConfig:
 
 @dataclass(frozen=True)
 class RetrieverEvaluationConfig:
-    # its questions, and their positives as the gold passages
-    validation_file: Optional[str] = arg(None, "DPR JSON for evaluation. Default: the shipped sample's dev file.")
-    passages: Optional[str] = arg(None, "Corpus to rank at evaluation (JSON lines of title/text/passage_id). "
-                                        "Default: the sample's corpus on the sample; else every context of the "
-                                        "dev file.")
-    # its vectors searched, not embedded
-    index: Optional[str] = arg(None, "With --do_train false, instead of --passages: an index of the corpus built by "
-                                     "index_corpus.py with this retriever; each process searches its share of the "
-                                     "shards.")
+    # its questions, and their positives as the gold passages, ranked against the corpus (CorpusConfig: --passages,
+    # default every context of this file; or with --do_train false an --index built with this retriever, each
+    # process searching its share of the shards)
+    validation_file: Optional[str] = arg(None, "DPR JSON for evaluation, ranked against --passages (default: every "
+                                               "context of the file; on the shipped sample its corpus) or, with "
+                                               "--do_train false, an --index built with this retriever. Default: the "
+                                               "shipped sample's dev file.")
     max_eval_samples: Optional[int] = max_eval_samples_arg()
 
     def __post_init__(self):
         check_at_least_one(self, "max_eval_samples")
-
-    def check_index(self, evaluating: bool) -> None:
-        """--index: the directory of an index, for evaluating a trained retriever (`evaluating`) instead of
-        passages."""
-        if self.index is None:
-            return
-        if not evaluating or self.passages:
-            raise UserError("--index is for --do_train false, instead of --passages")
-        if not os.path.isdir(self.index):
-            raise UserError(f"--index {self.index}: no such directory")
 
 
 @dataclass(frozen=True)
@@ -177,6 +164,9 @@ class DPRLoopConfig(LoopConfig):
         "hybrid_top1, rrf_mrr@10, ...")
     num_train_epochs: Optional[float] = arg(None, "Training epochs (default 4 on the shipped sample, 2 otherwise).")
     per_device_train_batch_size: int = arg(16, "Questions per micro-batch per process.")
+    group_by_length: bool = arg(False, "Batch questions whose passages have similar lengths (by the longest of each "
+                                       "question's first passages). Off: --length_buckets already removes most "
+                                       "padding.")
 
 
 @dataclass(frozen=True)

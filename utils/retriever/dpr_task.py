@@ -205,7 +205,7 @@ class DPRTask(Task):
     def summary(self, result):
         e = self.encoders
         out = {"pooling": e.pooling, "similarity": e.similarity, "temperature": self.loss.temperature,
-               "window_sentences": e.window_sentences, "corpus_passages": len(self.evaluation.data.corpus)}
+               "window_sentences": e.window_sentences, "corpus_passages": len(self.evaluation.data.passages)}
         if self.negatives.refresh_negatives_every:
             out["negatives_refreshed"] = self.data.refreshes
         if self.targets is not None:
@@ -224,11 +224,11 @@ class DPRTask(Task):
                            os.path.join(directory,
                                         "dpr_question_encoder" if side == "query" else "dpr_context_encoder"),
                            side)
-        RetrieverSettings(e.pooling, e.similarity, self.loss.temperature, e.shared_encoder, e.embed_title,
-                          e.window_sentences, e.max_query_length, e.max_passage_length, self.dense_weight, CANDIDATES,
-                          {"data": self.evaluation.config.validation_file,
-                           "questions": len(self.evaluation.data.questions)},
-                          precision=self.accelerator.mixed_precision).save(directory)
+        RetrieverSettings.from_configs(
+            e, self.loss, hybrid_dense_weight=self.dense_weight, hybrid_candidates=CANDIDATES,
+            hybrid_tuned_on={"data": self.evaluation.config.validation_file,
+                             "questions": len(self.evaluation.data.questions)},
+            precision=self.accelerator.mixed_precision).save(directory)
 
     def load(self, model, directory):
         for side in ("query", "passage"):

@@ -11,11 +11,13 @@ import torch
 
 from utils.errors import UserError
 from utils.files.jsonfiles import json_line, write_json
+from utils.index.config import CorpusConfig
 from utils.index.index import Index
 from utils.retriever.bi_encoder import bi_encoder_of
 from utils.retriever.config import EncoderConfig, LossConfig, RetrieverEvaluationConfig
 from utils.retriever.evaluation import EvaluationData, RetrievalEvaluation
 from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings, encoder_fingerprint
+from utils.runtime.flags import as_recorded
 from utils.runtime.output_dir import publish_dir
 from utils.runtime.process import bare_model, finish
 
@@ -33,41 +35,39 @@ def as_trained(model_dir: str | None, train_file: str | None, validation_file: s
         raise UserError("--output_dir is the retriever's directory: give another one, its eval_results.json and "
                         "rankings.jsonl would be overwritten")
     recorded = RetrieverSettings.load(model_dir)
-    encoders = replace(encoders, **{name: getattr(recorded, name) for name in (
-        "pooling", "similarity", "shared_encoder", "embed_title", "window_sentences", "max_query_length",
-        "max_passage_length")}, query_model_name_or_path=os.path.join(model_dir, QUERY_ENCODER),
-        # one encoder serves both sides when shared (the run saved it under both names)
-        passage_model_name_or_path=os.path.join(model_dir, QUERY_ENCODER if recorded.shared_encoder
-                                                else PASSAGE_ENCODER))
-    return encoders, replace(loss, temperature=recorded.temperature), recorded.precision
+    encoders = replace(as_recorded(encoders, recorded), query_model_name_or_path=os.path.join(model_dir, QUERY_ENCODER),
+                       # one encoder serves both sides when shared (the run saved it under both names)
+                       passage_model_name_or_path=os.path.join(model_dir, QUERY_ENCODER if recorded.shared_encoder
+                                                               else PASSAGE_ENCODER))
+    return encoders, as_recorded(loss, recorded), recorded.precision
 
 
 def evaluate_retriever(accelerator, model_dir: str, output_dir: str, encoders: EncoderConfig,
-                       config: RetrieverEvaluationConfig, q_tok, p_tok, data: EvaluationData, batch_size: int,
-                       train_batch_size: int) -> None:
-    """Rank `data` with the retriever of `model_dir` (`encoders`: its encoders, as it records them), print the
-    metrics and write eval_results.json and rankings.jsonl to `output_dir`. The batch sizes: as
-    RetrievalEvaluation takes them."""
+                       config: RetrieverEvaluationConfig, corpus: CorpusConfig, q_tok, p_tok, data: EvaluationData,
+                       batch_size: int, train_batch_size: int) -> None:
+    """Rank `data` (`corpus`: where its passages came from, the passages or the index searched) with the retriever
+    of `model_dir` (`encoders`: its encoders, as it records them), print the metrics and write eval_results.json
+    and rankings.jsonl to `output_dir`. The batch sizes: as RetrievalEvaluation takes them."""
     settings = RetrieverSettings.load(model_dir)
     model = accelerator.prepare(bi_encoder_of(encoders))
     model.eval()
     index_shards, indexed, index_precision = None, 0, None
-    if config.index:  # this process's share of the shards, checked against the retriever being evaluated
-        index = Index.load(config.index, share=(accelerator.process_index, accelerator.num_processes))
+    if corpus.index:  # this process's share of the shards, checked against the retriever being evaluated
+        index = Index.load(corpus.index, share=(accelerator.process_index, accelerator.num_processes))
         encoder = os.path.join(model_dir, QUERY_ENCODER if settings.shared_encoder else PASSAGE_ENCODER)
         index.check_encoder(os.path.abspath(model_dir), settings, encoder_fingerprint(encoder),
-                            bare_model(accelerator, model).query_encoder.config.hidden_size, config.index)
+                            bare_model(accelerator, model).query_encoder.config.hidden_size, corpus.index)
         index_shards, indexed, index_precision = index.shards, index.count, index.built_by["precision"]
     evaluation = RetrievalEvaluation(accelerator, encoders, config, q_tok, p_tok, data, batch_size, train_batch_size,
                                      recorded_weight=settings.hybrid_dense_weight, index_shards=index_shards,
                                      indexed=indexed)
     with torch.no_grad():
         result = evaluation(model)
-    m, questions, corpus = result["metrics"], len(data.questions), len(data.corpus)
+    m, questions, ranked = result["metrics"], len(data.questions), len(data.passages)
     accelerator.print(
-        f"{config.validation_file}: {questions} questions, {corpus} passages; encoders at precision "
+        f"{config.validation_file}: {questions} questions, {ranked} passages; encoders at precision "
         f"{accelerator.mixed_precision}{' (as trained)' if accelerator.mixed_precision == settings.precision else ''}"
-        + (f"; passages from the index {config.index} (embedded at {index_precision})" if config.index else "") + "\n"
+        + (f"; passages from the index {corpus.index} (embedded at {index_precision})" if corpus.index else "") + "\n"
         f"  dense:  top1 {m['top1']:.1f} top5 {m['top5']:.1f} top20 {m['top20']:.1f} MRR@10 {m['mrr@10']:.3f} "
         f"mean rank {m['mean_rank']:.1f}\n"
         f"  BM25:   top1 {m['bm25_top1']:.1f} top5 {m['bm25_top5']:.1f} top20 {m['bm25_top20']:.1f} MRR@10 "
@@ -84,9 +84,9 @@ def evaluate_retriever(accelerator, model_dir: str, output_dir: str, encoders: E
             with open(os.path.join(out, "rankings.jsonl"), "w") as f:
                 f.writelines(json_line(r) + "\n" for r in result["rankings"])
         write_json(accelerator, os.path.join(out, "eval_results.json"),
-                   {"model": model_dir, "file": config.validation_file, "passages": config.passages,
-                    "index": config.index, "index_precision": index_precision,
-                    "corpus_passages": corpus, "metrics": m, "processes": accelerator.num_processes,
+                   {"model": model_dir, "file": config.validation_file, "passages": corpus.passages,
+                    "index": corpus.index, "index_precision": index_precision,
+                    "corpus_passages": ranked, "metrics": m, "processes": accelerator.num_processes,
                     "precision": accelerator.mixed_precision, "precision_as_trained": settings.precision,
                     "note": "hybrid_*: cross-fitted on this file; hybrid_recorded_*: at the retriever's recorded dense "
                             "weight; hybrid_tuned_*: at the weight tuned on this file, an upper bound; rankings.jsonl: "

@@ -20,6 +20,7 @@ from accelerate.utils import gather_object
 
 from utils.files.corpus import key_hash, load_passages, passage_key, unique_passages
 from utils.files.dpr import evaluation_corpus, load_dpr, training_passages
+from utils.index.config import CorpusConfig
 from utils.index.index import Index
 from utils.retriever.config import EncoderConfig, NegativesConfig, RetrieverEvaluationConfig
 from utils.retriever.encoding import encode, encode_texts, encoding_loader, tokenize_passages, tokenize_questions
@@ -40,25 +41,26 @@ logger = logging.getLogger("qa-amp")
 class EvaluationData:
     questions: list[dict]
     """The dev questions (DPR), each with its positives as the gold passages."""
-    corpus: list[dict]
+    passages: list[dict]
     """The passages ranked for every question: the corpus given (or the index's), plus any gold passage it lacks;
     without either, every context of the dev file."""
     question_passages: list[list[dict]]
     """Each question's training-style passages, its positive then its negatives: the batches of the in-batch rank."""
 
 
-def load_evaluation_data(config: RetrieverEvaluationConfig, negatives: NegativesConfig, seed: int) -> EvaluationData:
+def load_evaluation_data(config: RetrieverEvaluationConfig, corpus_config: CorpusConfig, negatives: NegativesConfig,
+                         seed: int) -> EvaluationData:
     """The dev questions, the corpus they are ranked against, and the passages of their training-style batches
     (their negatives drawn as the training questions' are, with `seed`)."""
     questions = load_dpr(config.validation_file)[:config.max_eval_samples]
-    if config.index:  # the passages of a built index (checked when it was built), in its order
-        passages = list(Index.load(config.index).passages)
+    if corpus_config.index:  # the passages of a built index (checked when it was built), in its order
+        passages = list(Index.load(corpus_config.index).passages)
     else:
-        passages = load_passages(config.passages) if config.passages else None
+        passages = load_passages(corpus_config.passages) if corpus_config.passages else None
     corpus, added = evaluation_corpus(questions, passages)
     if added:
         logger.warning("%d gold passages of the dev file are not in %s; added them to the ranked corpus", added,
-                       config.index or config.passages)
+                       corpus_config.index or corpus_config.passages)
     return EvaluationData(questions, corpus,
                           training_passages(questions, negatives.num_hard_negatives, seed))
 
@@ -80,7 +82,7 @@ class RetrievalEvaluation:
         embedded by the last process."""
         self.accelerator, self.encoders, self.config, self.data = accelerator, encoders, config, data
         self.recorded_weight, self.batch_size, self.train_batch_size = recorded_weight, batch_size, train_batch_size
-        dev, corpus = data.questions, data.corpus
+        dev, corpus = data.questions, data.passages
         self.p_pad = p_tok.pad_token_id
         position = {passage_key(c): i for i, c in enumerate(corpus)}
         # each gold passage once: a positive listed twice must not count against itself in the ranks
@@ -113,7 +115,7 @@ class RetrievalEvaluation:
 
     def __call__(self, model) -> dict:
         acc, device = self.accelerator, self.accelerator.device
-        dev, corpus = self.data.questions, self.data.corpus
+        dev, corpus = self.data.questions, self.data.passages
         q_emb = encode(acc, model, self.question_loader, "query", len(dev)).to(device)
         bare, bs = bare_model(acc, model), self.batch_size
         vectors = self.index_shards + ([Vectors(encode_texts(bare, self.shard_tokens, "passage", self.p_pad,

@@ -67,7 +67,7 @@ class ReaderTargets:
         self.accelerator, self.config = accelerator, config
         self.questions, self.passage_texts = questions, passage_texts
         self.reader = Reader(config.reader, device=str(accelerator.device), batch_size=batch_size,
-                             precision=accelerator.mixed_precision)
+                             mixed_precision=accelerator.mixed_precision)
         self.read: dict[tuple[int, int], float] = {}
         self.weights_sha256 = weights_hash(config.reader)
 

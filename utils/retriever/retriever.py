@@ -34,8 +34,10 @@ AUTOCAST = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 class Retriever:
     """The encoders of a retriever trained by train_dpr.py, with its ranking settings."""
 
-    def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64, precision: str | None = None):
-        """`precision`: autocast to embed under ("no", "bf16", "fp16"; default: the run's). UserError if invalid."""
+    def __init__(self, model_dir: str, device: str | None = None, batch_size: int = 64,
+                 mixed_precision: str | None = None):
+        """`mixed_precision`: autocast to embed under ("no", "bf16", "fp16"; default: the run's). UserError if
+        invalid."""
         self.model_dir = os.path.abspath(model_dir)
         self.settings = s = RetrieverSettings.load(model_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -43,9 +45,9 @@ class Retriever:
             raise UserError(f"batch_size must be at least 1 (got {batch_size})")
         self.batch_size = batch_size
         # The recorded precision by default, so that it ranks exactly as the run did.
-        self.precision = precision or s.precision
-        if self.precision not in AUTOCAST:
-            raise UserError(f"precision {self.precision!r}: choose no, bf16 or fp16")
+        self.mixed_precision = mixed_precision or s.precision
+        if self.mixed_precision not in AUTOCAST:
+            raise UserError(f"precision {self.mixed_precision!r}: choose no, bf16 or fp16")
         query, passage = os.path.join(model_dir, QUERY_ENCODER), os.path.join(model_dir, PASSAGE_ENCODER)
         self.q_tok, self.p_tok = load_tokenizers(query, passage, s.shared_encoder, s.max_query_length,
                                                  s.max_passage_length)
@@ -77,10 +79,10 @@ class Retriever:
     def built_by(self) -> dict:
         """What an index records of the retriever that made its vectors."""
         return {"model": self.model_dir, "passage_encoder": self.fingerprint, "settings": asdict(self.settings),
-                "precision": self.precision}
+                "precision": self.mixed_precision}
 
     def _encode(self, tokens, side: str, pad: int, progress=None) -> torch.Tensor:
-        autocast = AUTOCAST[self.precision]
+        autocast = AUTOCAST[self.mixed_precision]
         with torch.autocast(self.device.type, dtype=autocast, enabled=autocast is not None):
             return encode_texts(self.model, tokens, side, pad, self.batch_size, self.device, progress=progress)
 

@@ -7,18 +7,20 @@ rank a passage by its best one, questions must be cut at the same length, and th
 """
 
 import hashlib
-import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from utils.errors import UserError
+from utils.runtime.settings_file import SettingsFile
 
 SETTINGS_FILE = "retriever_settings.json"
 QUERY_ENCODER, PASSAGE_ENCODER = "query_encoder", "passage_encoder"
 
 
 @dataclass
-class RetrieverSettings:
+class RetrieverSettings(SettingsFile):
+    FILE: ClassVar[str] = SETTINGS_FILE
     pooling: str  # "cls" or "mean"
     similarity: str  # "dot" or "cosine" (embeddings normalised)
     temperature: float  # the training loss's; ranking does not depend on it
@@ -42,10 +44,6 @@ class RetrieverSettings:
         """The ranking it is used with unless asked otherwise: the hybrid where a dense weight was tuned."""
         return self.hybrid_dense_weight is not None
 
-    def save(self, directory: str) -> None:
-        with open(os.path.join(directory, SETTINGS_FILE), "w") as f:
-            json.dump(asdict(self), f, indent=1)
-
     @classmethod
     def load(cls, directory: str) -> "RetrieverSettings":
         """The settings of a retriever directory written by train_dpr.py; a one-line UserError otherwise."""
@@ -55,10 +53,7 @@ class RetrieverSettings:
         if not os.path.isfile(path):
             raise UserError(f"{directory}: not a retriever written by train_dpr.py (no {SETTINGS_FILE})")
         try:
-            with open(path) as f:
-                saved = json.load(f)
-            known = {f.name for f in fields(cls)}
-            settings = cls(**{k: v for k, v in saved.items() if k in known})
+            settings = cls(**cls.recorded(directory)[0])
         except (ValueError, TypeError) as err:
             raise UserError(f"{path}: malformed ({err})") from None
         if settings.pooling not in ("cls", "mean") or settings.similarity not in ("dot", "cosine"):

@@ -25,6 +25,11 @@ def packaged_minilm() -> str:
 
 
 def arg(default, help: str, **kwargs):
+    """A config field that is a flag of its name, with its help string. `aliases=["--old_name"]`: spellings it had
+    before a rename, which still work (dashed too, as every flag's) and are said to be old once (`parse_args`)."""
+    if "aliases" in kwargs:
+        kwargs["aliases"] = [spelling for old in kwargs["aliases"]
+                             for spelling in dict.fromkeys((old, "--" + old[2:].replace("_", "-")))]
     return field(default=default, metadata={"help": help, **kwargs})
 
 
@@ -74,10 +79,22 @@ def check_input_files(values, *names: str) -> None:
 
 def filled(config, recorded):
     """`config` with each field left None (its flag not given) taken from `recorded`'s field of the same name, where
-    it has one: a trained model is used as it was trained, unless a flag says otherwise."""
-    missing = {f.name: getattr(recorded, f.name) for f in dataclasses.fields(config)
-               if getattr(config, f.name) is None and hasattr(recorded, f.name)}
-    return dataclasses.replace(config, **missing)
+    it has one (a trained model's settings, utils.runtime.settings_file): a trained model is used as it was trained,
+    unless a flag says otherwise."""
+    return dataclasses.replace(config, **{name: value for name, value in shared_fields(config, recorded).items()
+                                          if getattr(config, name) is None})
+
+
+def as_recorded(config, recorded):
+    """`config` with every field `recorded` also has taken from it: a trained model used exactly as it was trained,
+    the flags' own values not read."""
+    return dataclasses.replace(config, **shared_fields(config, recorded))
+
+
+def shared_fields(config, recorded) -> dict:
+    """{name: recorded value} of the fields both dataclasses have."""
+    theirs = {f.name for f in dataclasses.fields(recorded)}
+    return {f.name: getattr(recorded, f.name) for f in dataclasses.fields(config) if f.init and f.name in theirs}
 
 
 def record(*configs) -> dict:
@@ -104,6 +121,10 @@ def parse_args(classes: tuple, argv=None, files: tuple = ()) -> tuple:
         elif action.help and action.help is not argparse.SUPPRESS:  # argparse %-formats help texts: a "%" crashed
             action.help = action.help.replace("%", "%%")
     values, remaining = parser.parse_known_args(args=argv)
+    for cls in classes:  # the words that are no flag's value: a script's positional arguments (POSITIONAL), if any
+        if getattr(cls, "POSITIONAL", None) and remaining and not any(t.startswith("-") for t in remaining):
+            setattr(values, cls.POSITIONAL, (getattr(values, cls.POSITIONAL) or []) + remaining)
+            remaining = []
     for token in remaining:
         if token.startswith("-") and len(token) > 1:
             flag = token.split("=", 1)[0]
@@ -112,6 +133,17 @@ def parse_args(classes: tuple, argv=None, files: tuple = ()) -> tuple:
             raise UserError(f"unknown flag {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
     if remaining:
         raise UserError(f"unexpected argument {remaining[0]!r} (every value must follow its --flag)")
+    say_renamed(classes, argv if argv is not None else sys.argv[1:])
     check_input_files(values, *files)
     return tuple(cls(**{f.name: getattr(values, f.name) for f in dataclasses.fields(cls) if f.init})
                  for cls in classes)
+
+
+def say_renamed(classes: tuple, argv) -> None:
+    """One line for each old spelling of a renamed flag on the command line (it still works), by the first process."""
+    given = {token.split("=", 1)[0] for token in argv if token.startswith("--")}
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            for old in f.metadata.get("aliases", ()):
+                if old in given and os.environ.get("RANK", "0") == "0":
+                    print(f"note: {old} is now --{f.name} (the old spelling still works)", file=sys.stderr, flush=True)

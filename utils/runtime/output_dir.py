@@ -29,11 +29,26 @@ import os
 import shutil
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Optional
 
 from accelerate.utils import broadcast_object_list
 
 from utils.errors import UserError
 from utils.runtime.atomic import atomic_file
+from utils.runtime.flags import arg
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where a run writes, declared once for every script that writes a directory (the training scripts through
+    LoopConfig, index_corpus.py, qa_system.py); a script moves the default aside in a subclass of its own."""
+    output_dir: Optional[str] = arg(None, "The directory this run writes its outputs to.")
+    overwrite_output_dir: bool = arg(
+        False, "Use --output_dir even if it holds what an earlier run wrote or files of no run of this project. "
+        "Training deletes the earlier checkpoints at the start and the rest when the new model is published; an "
+        "evaluation (--do_train false, qa_system.py) replaces everything when it writes its results; an index "
+        "replaces only an index (what it wrote), never a trained model.")
+
 
 MARKER = ".qa-amp.json"
 CHECKPOINTS = "checkpoints"

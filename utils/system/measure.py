@@ -158,44 +158,47 @@ class Setting:
     not_moved: str | None = None
 
 
-def moved(tuning: AnswerSettings, weight: float, threshold: float | None, calibration: tuple | None) -> Setting:
+def moved(answer_settings: AnswerSettings, weight: float, threshold: float | None,
+          calibration: tuple | None) -> Setting:
     """The setting applied at the tuning's share: a calibration that cannot move it (a slope not above 0: the log
     ratio does not order the questions' no-answers) moves nothing, and the setting says why."""
-    if tuning.unanswerable_share is None:
+    if answer_settings.unanswerable_share is None:
         return Setting(weight, threshold, calibration, threshold, calibration)
     try:
-        return Setting(weight, threshold, calibration, *at_share(threshold, calibration, tuning.unanswerable_share))
+        return Setting(weight, threshold, calibration,
+                       *at_share(threshold, calibration, answer_settings.unanswerable_share))
     except UserError as err:
         return Setting(weight, threshold, calibration, threshold, calibration, str(err))
 
 
-def tuned_setting(tuning: AnswerSettings, questions: list[dict], view, folds: list[list[dict]] | None,
+def tuned_setting(answer_settings: AnswerSettings, questions: list[dict], view, folds: list[list[dict]] | None,
                   fuse: bool = True) -> Setting:
     """The policy on these labelled questions (`view(weight)`: their combined views): the weight and threshold with
     the best F1 (`tune`: the weight cross-fitted over `folds`), the calibration fitted unless given (not needed for
     an unfused reading nothing moves), moved to the share. `fuse` False: no retriever score (gold paragraphs)."""
-    weight, threshold = tune(questions, view, weight_grid(tuning.retriever_weight) if fuse else [0.0], folds)
-    calibration = tuning.no_answer_calibration
-    if calibration is None and (fuse or tuning.unanswerable_share is not None):
+    weight, threshold = tune(questions, view, weight_grid(answer_settings.retriever_weight) if fuse else [0.0], folds)
+    calibration = answer_settings.no_answer_calibration
+    if calibration is None and (fuse or answer_settings.unanswerable_share is not None):
         calibration = fit_calibration(questions, view(weight))
-    return moved(tuning, weight, threshold, calibration)
+    return moved(answer_settings, weight, threshold, calibration)
 
 
-def system_setting(tuning: AnswerSettings, recorded_threshold: float | None, validation: list[dict] | None,
+def system_setting(answer_settings: AnswerSettings, null_threshold: float | None, validation: list[dict] | None,
                    readings: list[list[dict]] | None, k: int, shared_norm: bool, folds: list[list[dict]] | None,
                    fuse: bool = True) -> Setting:
     """What the system answers with when reading k passages: the threshold given, else tuned on the validation
     questions (`readings`: theirs; None: none to tune on) in folds of whole articles, else the reader's recorded one.
     `shared_norm`: the shared-normalization rule (utils.system.answer)."""
-    if tuning.no_answer_threshold is not None or readings is None:
-        weight = (tuning.retriever_weight or 0.0) if fuse else 0.0
-        threshold = recorded_threshold if tuning.no_answer_threshold is None else tuning.no_answer_threshold
-        return moved(tuning, weight, threshold, tuning.no_answer_calibration)
-    return tuned_setting(tuning, validation, lambda w: combined_at(readings, k, shared_norm, w), folds, fuse)
+    if answer_settings.no_answer_threshold is not None or readings is None:
+        weight = (answer_settings.retriever_weight or 0.0) if fuse else 0.0
+        threshold = answer_settings.no_answer_threshold
+        threshold = null_threshold if threshold is None else threshold
+        return moved(answer_settings, weight, threshold, answer_settings.no_answer_calibration)
+    return tuned_setting(answer_settings, validation, lambda w: combined_at(readings, k, shared_norm, w), folds, fuse)
 
 
-def crossfitted(tuning: AnswerSettings, questions: list[dict], readings: list[list[dict]], k: int, shared_norm: bool,
-                folds: list[list[dict]]) -> dict:
+def crossfitted(answer_settings: AnswerSettings, questions: list[dict], readings: list[list[dict]], k: int,
+                shared_norm: bool, folds: list[list[dict]]) -> dict:
     """EM/F1 of these labelled questions, each fold of whole articles answered at the setting the policy gives on
     the other folds (moved to the share as the row's is): a setting's score on articles it was not tuned on."""
     of = {q["id"]: r for q, r in zip(questions, readings)}
@@ -204,21 +207,22 @@ def crossfitted(tuning: AnswerSettings, questions: list[dict], readings: list[li
         return combined_at([of[q["id"]] for q in qs], k, shared_norm, weight)
 
     def settle(others):
-        setting = tuned_setting(tuning, others, lambda w: combined(others, w), cross_fit_folds(others))
+        setting = tuned_setting(answer_settings, others, lambda w: combined(others, w), cross_fit_folds(others))
         return setting.weight, setting.applied_threshold
     return crossfit(folds, settle, combined)[0]
 
 
-def tuning_source(tuning: AnswerSettings, validation_file: str | None, same_file: bool, folds, tuned: bool) -> str:
+def tuning_source(answer_settings: AnswerSettings, validation_file: str | None, same_file: bool, folds,
+                  tuned: bool) -> str:
     """Where the rows' thresholds and weights come from, as eval_results.json and qa_system.py's last line say
     (`tuned`: tuned on validation readings; `same_file`: the validation questions are the questions scored)."""
-    source = ("given" if tuning.no_answer_threshold is not None else
+    source = ("given" if answer_settings.no_answer_threshold is not None else
               "tuned on this very file: an upper bound (crossfit: each half of its articles answered as tuned on "
               "the other)" if same_file and folds else
               "tuned on this very file: an upper bound (one article: no folds to cross-fit over)" if same_file else
               f"tuned on {validation_file}" if validation_file is not None else
               "the reader's recorded threshold")
-    if tuned and tuning.retriever_weight is None:
+    if tuned and answer_settings.retriever_weight is None:
         source += ("; the weight cross-fitted over two folds of its articles" if folds else
                    "; the weight tuned on it as a whole")
     return source
@@ -232,14 +236,14 @@ def core_scores(metrics: dict) -> dict:
     return {k: metrics[k] for k in ("exact", "f1", "HasAns_f1", "NoAns_f1") if k in metrics}
 
 
-def system_row(tuning: AnswerSettings, setting: Setting, k: int, timing: dict, questions: list[dict],
+def system_row(answer_settings: AnswerSettings, setting: Setting, k: int, timing: dict, questions: list[dict],
                retrieved: list[list[dict]], readings: list[list[dict]], shared_norm: bool,
                folds: list[list[dict]] | None = None) -> dict:
     """k's row: its setting, its `timing` (questions_per_second, reading_share), and with labelled questions the
     retriever's recall and the system's EM/F1 at the setting (at the share, and at the threshold as tuned);
     `folds`: these questions are the validation questions, so the row is an upper bound and also comes
     cross-fitted."""
-    share = tuning.unanswerable_share
+    share = answer_settings.unanswerable_share
     row = {"k": k, "threshold": setting.threshold, "retriever_weight": setting.weight,
            "no_answer_calibration": setting.calibration}
     if share is not None:
@@ -253,27 +257,27 @@ def system_row(tuning: AnswerSettings, setting: Setting, k: int, timing: dict, q
         if share is not None:  # what the share changed: the same answers, as tuned
             row["at_threshold"] = core_scores(scores(questions, combined, setting.threshold))
         if folds:
-            row["crossfit"] = core_scores(crossfitted(tuning, questions, readings, k, shared_norm, folds))
+            row["crossfit"] = core_scores(crossfitted(answer_settings, questions, readings, k, shared_norm, folds))
     return row
 
 
-def gold_row(tuning: AnswerSettings, setting: Setting, questions: list[dict], gold: list[list[dict]],
+def gold_row(answer_settings: AnswerSettings, setting: Setting, questions: list[dict], gold: list[list[dict]],
              shared_norm: bool) -> dict:
     """The ceiling: each labelled question's own paragraph read alone (`gold`), scored at the unfused `setting`."""
     combined = combined_at(gold, 1, shared_norm)
     row = {"threshold": setting.threshold, **scores(questions, combined, setting.applied_threshold)}
-    if tuning.unanswerable_share is not None:
+    if answer_settings.unanswerable_share is not None:
         row.update(threshold_at_share=setting.applied_threshold,
                    at_threshold=core_scores(scores(questions, combined, setting.threshold)),
                    **({"not_moved": setting.not_moved} if setting.not_moved else {}))
     return row
 
 
-def measured_ks(eval_k: list[int], top_k: int, passages: int) -> tuple[list[int], int, str | None]:
-    """(the k's measured: the eval k's and top_k, top_k, a note): k's beyond the corpus read every passage, so they
+def measured_ks(eval_k: list[int], k: int, passages: int) -> tuple[list[int], int, str | None]:
+    """(the k's measured: the eval k's and k, k, a note): k's beyond the corpus read every passage, so they
     are measured once, at its size, and said so."""
-    beyond = [k for k in eval_k + [top_k] if k > passages]
+    beyond = [x for x in eval_k + [k] if x > passages]
     note = (f"k = {', '.join(map(str, sorted(set(beyond))))} beyond the {passages} passages of the corpus: read at "
             f"{passages}" if beyond else None)
-    top_k = min(top_k, passages)
-    return sorted({min(k, passages) for k in eval_k} | {top_k}), top_k, note
+    k = min(k, passages)
+    return sorted({min(x, passages) for x in eval_k} | {k}), k, note

@@ -25,13 +25,13 @@ NBEST_KEPT = 5  # spans of each passage kept in its reading (its best first)
 
 class QASystem:
     def __init__(self, retriever, reader, passages=None, index=None, hybrid: bool | None = None,
-                 device: str | None = None, precision: str | None = None, batch_size: int = 64,
+                 device: str | None = None, mixed_precision: str | None = None, batch_size: int = 64,
                  progress: bool = False, retriever_weight: float = 0.0,
                  calibration: tuple | None = None, unanswerable_share: float | None = None):
         """`retriever`: a train_dpr.py directory (or its loaded `Retriever`), or "bm25". `reader`: a train_reader.py
         directory (or its loaded `Reader`). Give the corpus as `passages` (a JSON-lines file or a list of
         {"title", "text", "passage_id"}) or as `index` (an Index or its directory); UserError for both or neither.
-        `hybrid`: fuse with BM25 at the retriever's recorded weight (default: when it has one). `precision`: both
+        `hybrid`: fuse with BM25 at the retriever's recorded weight (default: when it has one). `mixed_precision`: both
         models' autocast ("no", "bf16", "fp16"; default: each model's own). `retriever_weight`: how much a passage's
         retrieval score weighs on what is read in it (0: the reader's alone). `calibration`: (a, b) or (a, b, share)
         fitted by qa_system.py, for calibrated no_answer_probability. `unanswerable_share`: the share of unanswerable
@@ -43,7 +43,7 @@ class QASystem:
         self.retriever_weight, self.calibration = retriever_weight, calibration
         self.unanswerable_share = unanswerable_share
         self.reader = reader if isinstance(reader, Reader) else Reader(
-            reader, device=device, batch_size=batch_size, precision=precision, sort_by_length=True)
+            reader, device=device, batch_size=batch_size, mixed_precision=mixed_precision, sort_by_length=True)
         if isinstance(retriever, str) and retriever == "bm25":
             if passages is None:
                 raise UserError("the BM25 retriever ranks passages, not a dense index: give the passages")
@@ -51,7 +51,7 @@ class QASystem:
             self.bm25, self.index, self.hybrid, self.retriever = BM25(self.passages), None, False, None
             return
         self.retriever = retriever if isinstance(retriever, Retriever) else Retriever(
-            retriever, device=device, batch_size=batch_size, precision=precision)
+            retriever, device=device, batch_size=batch_size, mixed_precision=mixed_precision)
         self.hybrid = self.retriever.settings.hybrid_by_default if hybrid is None else hybrid
         if index is None:
             index = self.retriever.index(passages, bm25=self.hybrid, progress=progress)
@@ -78,7 +78,7 @@ class QASystem:
         return other
 
     @property
-    def recorded_threshold(self) -> float | None:
+    def null_threshold(self) -> float | None:
         """The reader's own null threshold (0 for a QA model without reader_settings.json; None: always answer)."""
         return self.reader.settings.null_threshold
 
@@ -91,15 +91,15 @@ class QASystem:
     @property
     def precisions(self) -> dict:
         """The precision each part runs at: {"reader", "retriever", "index" (the passage vectors')}."""
-        out = {"reader": self.reader.precision}
+        out = {"reader": self.reader.mixed_precision}
         if self.retriever is not None:
-            out.update(retriever=self.retriever.precision, index=self.index.built_by["precision"])
+            out.update(retriever=self.retriever.mixed_precision, index=self.index.built_by["precision"])
         return out
 
     def settings(self, threshold: float | None = "recorded", unanswerable_share: float | None = "system") -> tuple:
         """(threshold, calibration) the system answers with, both moved to `unanswerable_share` ("system": the
         system's own; None: as tuned). `threshold` "recorded": the reader's own."""
-        threshold = self.recorded_threshold if threshold == "recorded" else threshold
+        threshold = self.null_threshold if threshold == "recorded" else threshold
         share = self.unanswerable_share if unanswerable_share == "system" else unanswerable_share
         return at_share(threshold, self.calibration, share)
 

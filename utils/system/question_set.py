@@ -10,7 +10,7 @@ from accelerate.utils import gather_object
 from utils.errors import UserError
 from utils.files.jsonfiles import json_line, write_json
 from utils.files.squad import load_questions
-from utils.reader.trained import fingerprint
+from utils.reader.trained import fingerprint, normalization
 from utils.system.answer import READING_STATS, combine
 from utils.system.measure import Setting, labelled
 from utils.system.pipeline import QASystem, answer_of
@@ -69,12 +69,12 @@ def read_gold(accelerator, system: QASystem, questions: list[dict]) -> list[list
 
 
 def write_answers(accelerator, directory: str, questions: list[dict], retrieved: list[list[dict]],
-                  readings: list[list[dict]], top_k: int, setting: Setting, shared_norm: bool) -> None:
+                  readings: list[list[dict]], k: int, setting: Setting, shared_norm: bool) -> None:
     """predictions.json ({id: answer text}, the official SQuAD v2 evaluation's input) and details.jsonl: per
-    question its answer at top_k, the passage it was taken from (and its source, where the corpus gives one) and
+    question its answer at k, the passage it was taken from (and its source, where the corpus gives one) and
     its score (null on an abstention), its offsets in that passage, the log ratio the threshold compares
     (null_minus_best), and every passage read (retrieval score, best span, span and null scores, null for a passage
-    without a span). `setting`: top_k's
+    without a span). `setting`: k's
     (utils.system.measure.Setting), as applied."""
     if not accelerator.is_main_process:
         return
@@ -82,15 +82,15 @@ def write_answers(accelerator, directory: str, questions: list[dict], retrieved:
     predictions = {}
     with open(os.path.join(directory, "details.jsonl"), "w", encoding="utf-8") as f:
         for q, passages, reads in zip(questions, retrieved, readings):
-            combined = combine(reads[:top_k], shared_norm, retriever_weight=retriever_weight, calibration=calibration)
-            a = answer_of(combined, threshold, passages[:top_k], reads[:top_k])
+            combined = combine(reads[:k], shared_norm, retriever_weight=retriever_weight, calibration=calibration)
+            a = answer_of(combined, threshold, passages[:k], reads[:k])
             predictions[q["id"]] = a["answer"]
             f.write(json_line({"id": q["id"], "question": q["question"], "answer": a["answer"],
                                "passage_id": a["passage_id"], "source": a["source"], "score": a["score"],
                                "start": a["start"],
                                "end": a["end"], "null_minus_best": a["null_minus_best"],
-                               "no_answer_probability": a["no_answer_probability"], "top_k": top_k,
-                               "rule": "question" if shared_norm else "window",
+                               "no_answer_probability": a["no_answer_probability"], "top_k": k,
+                               "rule": normalization(shared_norm),
                                "passages": [{"passage_id": p["passage_id"], "score": p["score"], "span": r["text"],
                                              "span_score": r["score"], "null_score": r["null_score"],
                                              "nbest": [{"text": x["text"], "score": x["score"]} for x in r["nbest"]],
