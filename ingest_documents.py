@@ -1,4 +1,5 @@
-"""Documents to passages: folders of text, Markdown, HTML and PDF files into the corpus the other scripts read.
+"""Documents to passages: folders of text, Markdown, HTML, PDF, Word and PowerPoint files into the corpus the other
+scripts read.
 
 Runbook (from the repository root, after `pip install -r requirements.txt`):
 
@@ -11,17 +12,20 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 
 Names and ids, the same on every run: a file under a folder given is named by its path under it ("guide/intro.md"),
 a file given itself by its base name, in Unicode NFC; its passages are NAME#0, NAME#1, ... (`passage`: that number;
-`page`: a PDF's page the passage starts on). Documents are written in the order of their names: the same files, the
-same bytes. A passage is whole sentences up to --max_words words and --max_chars characters, starting with the
-previous one's last sentences of up to --overlap_words; a longer sentence is cut into pieces that overlap as much.
+`page`: the PDF page or the slide the passage starts on). Documents are written in the order of their names: the
+same files, the same bytes. A passage is whole sentences up to --max_words words and --max_chars characters,
+starting with the previous one's last sentences of up to --overlap_words; a longer sentence is cut into pieces that
+overlap as much. A table, in any format, is a block (a line of its passage) per row, naming each cell by its column
+where the table has a header row ("Year: 1871; Designer: ...").
 
-Refused in one line naming the file: a type other than txt, md, html, pdf; a binary file; text not in UTF-8 whose
-encoding cannot be told; a file without text; a PDF without a text layer, damaged, locked by a password or
-unreadable (whatever its library fails on); a page nested too deep to parse whole; an unreadable folder or file; a
-name that is not UTF-8; two documents of one name; an --output that is a folder, lies in a folder given or is a file
-given. A bad file stops the run; --skip_bad_files leaves it out and lists it (a name given twice is refused even so:
-two documents would share their passages' ids). Never read, and always listed as left out: what is not a regular
-file (a named pipe, a socket, a device), and a link to a folder read already or to one holding it (a loop).
+Refused in one line naming the file: a type other than txt, md, html, pdf, docx, pptx; a binary file; text not in
+UTF-8 whose encoding cannot be told; a file without text; a PDF without a text layer, damaged, locked by a password
+or unreadable, a Word or PowerPoint file damaged or not one (whatever a format's library fails on); a page nested
+too deep to parse whole; an unreadable folder or file; a name that is not UTF-8; two documents of one name;
+an --output that is a folder, lies in a folder given or is a file given. A bad file stops the run; --skip_bad_files
+leaves it out and lists it (a name given twice is refused even so: two documents would share their passages' ids).
+Never read, and always listed as left out: what is not a regular file (a named pipe, a socket, a device), and a link
+to a folder read already or to one holding it (a loop).
 """
 
 import os
@@ -95,7 +99,7 @@ def main(argv=None):
     seconds = max(time.perf_counter() - start, 1e-9)
     print(f"{args.output}: {counts['documents']} documents, {written} passages ({len(counts['skipped'])} skipped) "
           f"in {seconds:.1f} s ({counts['pages'] / seconds:.1f} pages/s, {counts['bytes'] / 1e6 / seconds:.2f} MB/s "
-          "read; a PDF counts its pages, any other document one)")
+          "read; a PDF counts its pages, a presentation its slides, any other document one)")
 
 
 if __name__ == "__main__":

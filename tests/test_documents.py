@@ -202,8 +202,8 @@ def bad_file(tmp_path, case):
         (path := tmp_path / "blank.html").write_text("<html><head><title>Blank</title></head><body></body></html>")
         return [path], f"{path}: no text"
     if case == "unsupported":
-        (path := tmp_path / "letter.docx").write_bytes(b"PK\x03\x04")
-        return [path], f"{path}: unsupported type .docx (txt, md, html, pdf are read)"
+        (path := tmp_path / "letter.odt").write_bytes(b"PK\x03\x04")
+        return [path], f"{path}: unsupported type .odt (txt, md, html, pdf, docx, pptx are read)"
     if case == "given-twice":
         for sub in ("one", "two"):
             (tmp_path / sub).mkdir()
@@ -249,14 +249,15 @@ def test_skip_bad_files_goes_on_and_lists_what_it_skipped(tmp_path, capsys, flag
     docs.mkdir()
     (docs / "a.txt").write_text("A good file. It has two sentences.")
     (docs / "b.txt").write_bytes(b"\x00\x01")
-    (docs / "c.docx").write_bytes(b"PK")
+    (docs / "c.odt").write_bytes(b"PK")
     write_pdf(docs / "d.pdf", [""], rectangle_only=True)
     (docs / "e.md").write_text("# Last\n\nA good Markdown file.")
     output = tmp_path / "corpus.jsonl"
     code, out, err = ingest(capsys, "--documents", docs, "--output", output, *flag)
     assert code == 0, err
     assert err.splitlines() == [f"skipped: {docs / 'b.txt'}: a binary file, not text",
-                                f"skipped: {docs / 'c.docx'}: unsupported type .docx (txt, md, html, pdf are read)",
+                                f"skipped: {docs / 'c.odt'}: unsupported type .odt (txt, md, html, pdf, docx, pptx are "
+                                "read)",
                                 f"skipped: {docs / 'd.pdf'}: no text layer (a scanned PDF? run OCR first)"]
     assert out.startswith(f"{output}: 2 documents, 2 passages (3 skipped) in ")
     assert [r["passage_id"] for r in rows(output)] == ["a.txt#0", "e.md#0"]

@@ -1,20 +1,26 @@
 """Documents in, as text: the files ingest_documents.py reads, each through a library made for its format, as a title
-and blocks of text (paragraphs, headings, list items, table rows; a PDF's with their page), whitespace collapsed
-within a block. A file that cannot be read as a document is a one-line UserError naming it: any failure of a
-format's library on one file is that file's error (`read_document`), never a traceback that ends the run.
+and blocks of text (paragraphs, headings, list items, table rows; a PDF's and a presentation's with their page or
+slide), whitespace collapsed within a block (utils/files/blocks.py). A table is a block per row that names each
+cell by its column ("Year: 1871; Designer: Robert Stevenson") where the table has a header row, in every format. A
+file that cannot be read as a document is a one-line UserError naming it: any failure of a format's library on one
+file is that file's error (`read_document`), never a traceback that ends the run.
 
 - .txt, .text: text; a block is a run of lines between blank lines. Title: the file name without extension.
 - .md, .markdown: Markdown rendered by Python-Markdown (fenced code and tables included), all of it content, code
   blocks kept as text. YAML front matter (`---` lines around it at the very start of the file) is read with
   PyYAML, not taken as text: its `title` is the title; front matter that is not a YAML mapping is left as text.
-  Title: front matter's, else the first heading, else the file name.
+  Title: front matter's, else the first heading, else the file name. A table's header row is its first (Markdown's
+  tables always have one).
 - .html, .htm: the main text by trafilatura (navigation, headers, footers, scripts, ads and user comments left out).
   Where that keeps less than a tenth of the page's visible words (the page's text sits in markup trafilatura takes
   for boilerplate, as a sidebar's <nav>), trafilatura again with favor_recall, which keeps more; where that too
   keeps less than a tenth, the page's visible text (all but its head, scripts, styles and templates). Title:
-  trafilatura's (the page's meta tags, its one <h1> or its <title> without a site name), else the file name.
-- .pdf: the text layer by pypdf, page by page; a sentence is never carried across a page break. An encrypted PDF
-  opens when its password is empty (as a viewer opens it). Title: the PDF's /Title, else the file name.
+  trafilatura's (the page's meta tags, its one <h1> or its <title> without a site name), else the file name. A
+  table's header row is a row of <th> cells (or in <thead>); it names the rows under it up to the next one. A cell
+  spanning columns is read in its first one (a header cell: in each), one spanning rows in each row it spans
+  (trafilatura's main text keeps it in its first row only).
+- .pdf: the text layer by pypdf, page by page (utils/files/pdf.py).
+- .docx, .pptx: by python-docx and python-pptx (utils/files/office.py); a slide is a presentation's page.
 
 Text (.txt, .md, .html) is decoded by its byte-order mark (UTF-8, UTF-16, UTF-32), else as UTF-8, else in the
 encoding charset-normalizer detects where it names one reading; a NUL byte without a byte-order mark, or bytes no
@@ -30,40 +36,38 @@ not a regular file (a named pipe, a socket, a device) is never opened: it is not
 """
 
 import codecs
-import io
 import logging
 import os
 import re
 import stat
 import unicodedata
-from contextlib import contextmanager
-from copy import deepcopy
 from typing import NamedTuple, Optional
 
-import lxml.html
 import markdown
 import trafilatura
 import yaml
 from charset_normalizer import from_bytes
 from lxml import etree
-from pypdf import PdfReader
-from pypdf.errors import FileNotDecryptedError
 
 from utils.errors import UserError
+from utils.files.blocks import collapsed, paragraphs
+from utils.files.markup import XML_BLOCKS, html_tree, text_blocks, visible_blocks
+from utils.files.office import read_docx, read_pptx
+from utils.files.pdf import read_pdf
 
 # The libraries log what they repair or drop in a file (a PDF's broken cross-reference, a page's discarded data) as
 # warnings: a line each that says nothing about the corpus. Their errors still show. What pypdf logs while a PDF's
-# text is extracted is kept instead (`logged`): where no text came out, it tells a damaged PDF from a scanned one.
+# text is extracted is kept instead (utils/files/pdf.py's `logged`): where no text came out, it tells a damaged PDF
+# from a scanned one.
 for library in ("pypdf", "trafilatura"):
     logging.getLogger(library).setLevel(logging.ERROR)
-
 
 
 class Document(NamedTuple):
     name: str  # what it is ingested under (its passages' ids start with it)
     title: str
-    blocks: list[tuple[str, Optional[int]]]  # (text, page): the page for a PDF, else None
-    pages: int  # a PDF's pages; 1 for any other document
+    blocks: list[tuple[str, Optional[int]]]  # (text, page): a PDF's page or a presentation's slide, else None
+    pages: int  # a PDF's pages, a presentation's slides; 1 for any other document
 
 
 class NotADocument(UserError):
@@ -212,71 +216,6 @@ def decoded(path: str, raw: bytes) -> str:
     return str(best)
 
 
-def collapsed(text: str) -> str:
-    return " ".join(text.split())
-
-
-def paragraphs(text: str, page: Optional[int] = None) -> list[tuple[str, Optional[int]]]:
-    """The runs of lines between blank lines, as blocks (those with any text)."""
-    return [(collapsed(part), page) for part in re.split(r"\n\s*\n", text) if part.strip()]
-
-
-# Elements that start and end a block of text; the others run on inline. One set for HTML, one for trafilatura's
-# XML (its <code> is inline inside a paragraph and between blocks on its own, so a code block is a block either way).
-HTML_BLOCKS = {"address", "article", "aside", "blockquote", "body", "caption", "dd", "details", "dialog", "div", "dl",
-               "dt", "fieldset", "figcaption", "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6",
-               "header", "hr", "html", "legend", "li", "main", "nav", "ol", "p", "pre", "section", "summary",
-               "table", "tbody", "thead", "tfoot", "tr", "ul"}
-XML_BLOCKS = {"body", "head", "item", "list", "p", "quote", "row", "table"}
-SPACED = {"br", "cell", "lb", "td", "th"}  # inline, but never run into the text beside them
-HIDDEN = ("head", "script", "style", "noscript", "template", etree.Comment, etree.ProcessingInstruction)
-
-
-def text_blocks(root, blocks: set) -> list[str]:
-    """The text of an element tree, block by block (`blocks`: the tags that start and end one)."""
-    out, pieces = [], []
-
-    def flush():
-        if text := collapsed("".join(pieces)):
-            out.append(text)
-        pieces.clear()
-
-    for event, element in etree.iterwalk(root, events=("start", "end")):
-        if element.tag in blocks:
-            flush()
-        elif element.tag in SPACED:
-            pieces.append(" ")
-        if event == "start":
-            pieces.append(element.text or "")
-        elif element is not root:  # the root's tail is not its text
-            pieces.append(element.tail or "")
-    flush()
-    return out
-
-
-def visible_blocks(root) -> list[str]:
-    """What a browser shows of an HTML tree, block by block: without its head, scripts, styles, templates and
-    comments."""
-    root = deepcopy(root)
-    etree.strip_elements(root, *HIDDEN, with_tail=False)
-    return text_blocks(root, HTML_BLOCKS)
-
-
-def html_tree(path: str, html: str, fragment: bool = False):
-    """lxml's tree of a page (of a fragment: under a <div>), however deep its elements nest: lxml's default parser
-    stops at a depth and drops the rest of the page without an error, huge_tree reads far deeper; a page it still
-    stops in is a UserError, not a page cut short."""
-    parser = lxml.html.HTMLParser(encoding="utf-8", huge_tree=True)
-    data = html.encode("utf-8")
-    tree = (lxml.html.fragment_fromstring(data, create_parent="div", parser=parser) if fragment else
-            lxml.html.document_fromstring(data, parser=parser))
-    for error in parser.error_log:
-        if error.level == etree.ErrorLevels.FATAL:  # (libxml2's advice to use XML_PARSE_HUGE, taken, left out)
-            raise UserError(f"{path}: the HTML parser stopped before the end ({error.message.split(', use ')[0]}): "
-                            "its text would be cut")
-    return tree
-
-
 def read_txt(path: str, raw: bytes):
     return None, paragraphs(decoded(path, raw)), 1
 
@@ -333,44 +272,11 @@ def extracted(tree, favor_recall: bool) -> list[str]:
     return text_blocks(document.body, XML_BLOCKS) if document is not None and document.body is not None else []
 
 
-@contextmanager
-def logged(library: str):
-    """What `library` logs (warnings and errors) while the block runs, a line each: kept, not shown."""
-    logger, messages, handler = logging.getLogger(library), [], logging.Handler(logging.WARNING)
-    handler.emit = lambda record: messages.append(collapsed(record.getMessage()))
-    level, propagate = logger.level, logger.propagate
-    logger.setLevel(logging.WARNING)
-    logger.propagate = False
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-        logger.propagate = propagate
-
-
-def read_pdf(path: str, raw: bytes):
-    try:
-        reader = PdfReader(io.BytesIO(raw))
-        title = reader.metadata.title if reader.metadata else None
-        # pypdf logs a stream it cannot decode (a corrupt compressed page) and reads it as no text
-        with logged("pypdf") as problems:
-            texts = [page.extract_text() for page in reader.pages]
-    except FileNotDecryptedError:
-        raise UserError(f"{path}: an encrypted PDF (its text cannot be read without the password)") from None
-    blocks = [block for number, text in enumerate(texts, 1) for block in paragraphs(text, number)]
-    if not blocks and problems:
-        raise UserError(f"{path}: a damaged PDF (no text could be read; pypdf: {problems[0]})")
-    if not blocks:
-        raise UserError(f"{path}: no text layer (a scanned PDF? run OCR first)")
-    return title, blocks, len(texts)
-
-
 # each extension's reader and what the file is to be read as
 READERS = {".txt": (read_txt, "text file"), ".text": (read_txt, "text file"), ".md": (read_markdown, "Markdown file"),
            ".markdown": (read_markdown, "Markdown file"), ".html": (read_html, "HTML page"),
-           ".htm": (read_html, "HTML page"), ".pdf": (read_pdf, "PDF")}
+           ".htm": (read_html, "HTML page"), ".pdf": (read_pdf, "PDF"), ".docx": (read_docx, "Word document"),
+           ".pptx": (read_pptx, "PowerPoint presentation")}
 
 
 def first_extensions() -> str:
