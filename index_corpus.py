@@ -1,4 +1,5 @@
-"""Index a corpus with a trained retriever, at DPR's scale: every process embeds its shard, written as it goes.
+"""Index a corpus with a trained retriever (or BM25 alone), at DPR's scale: every process embeds its shard, written
+as it goes.
 
 Runbook (from the repository root, after `pip install -r requirements.txt`):
 
@@ -7,6 +8,10 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       Embeds the corpus exactly as the retriever ranks it (its sentence windows, titles, lengths, precision),
       chunk by chunk, and writes the index (utils/index/format.py) that qa_system.py --index, serve.py
       --index, train_dpr.py --do_train false --index and Index.load read where it lies.
+
+  python index_corpus.py --retriever bm25 --passages corpus.jsonl --output_dir outputs/bm25-index
+      An index of the passages and BM25 alone, no vectors (no trained retriever needed): built, resumed, updated,
+      served and reloaded as a dense one, which qa_system.py and serve.py --retriever bm25 --index read.
 
   accelerate launch index_corpus.py ...        (on CPUs: ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N ...)
       Each process embeds one contiguous shard of the corpus file (its byte range, cut at line starts) into its own
@@ -37,7 +42,7 @@ from typing import Literal, Optional
 
 from utils.errors import UserError, check_at_least_one, exit_on_user_error
 from utils.index.config import RankedCorpusConfig
-from utils.index.writer import build_index
+from utils.index.writer import BM25Only, build_index
 from utils.retriever.retriever import Retriever
 from utils.retriever.settings import RetrieverSettings
 from utils.runtime.flags import arg, parse_args, process_group_timeout_arg
@@ -60,15 +65,16 @@ class IndexArgs(RankedCorpusConfig, InferenceConfig, OutputConfig):
 
     def __post_init__(self):
         if not self.retriever or not self.passages or not self.output_dir:
-            raise UserError("give --retriever (a trained retriever), --passages (the corpus) and --output_dir")
+            raise UserError("give --retriever (a trained retriever, or bm25), --passages (the corpus) and "
+                            "--output_dir")
         RankedCorpusConfig.__post_init__(self)
         if self.index is not None:
             raise UserError("--index: index_corpus.py writes the index to --output_dir (the same directory again to "
                             "update it): give the corpus as --passages")
-        if not self.trained_retriever:
-            raise UserError("--retriever bm25: an index holds a trained retriever's vectors (BM25 alone needs none: "
-                            "qa_system.py and serve.py rank --passages with it)")
-        RetrieverSettings.load(self.retriever)
+        if self.trained_retriever:
+            RetrieverSettings.load(self.retriever)
+        elif self.bm25 is False:
+            raise UserError("--retriever bm25 --bm25 false: an index of BM25 alone needs its BM25")
         InferenceConfig.__post_init__(self)
         check_at_least_one(self, "chunk_passages", "process_group_timeout")
 
@@ -85,11 +91,11 @@ def main(argv=None):
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
                         level=logging.INFO if accelerator.is_main_process else logging.ERROR)
     device = "cuda" if accelerator.device.type == "cuda" else "cpu"
-    retriever = Retriever(args.retriever, device=device, batch_size=args.batch_size,
-                          mixed_precision=args.mixed_precision)
+    encoder = BM25Only() if args.retriever == "bm25" else Retriever(
+        args.retriever, device=device, batch_size=args.batch_size, mixed_precision=args.mixed_precision)
 
     # --- data, embed, finish: utils/index/writer.py (the corpus checked before anything is written) --
-    meta = build_index(accelerator, retriever, args.passages, args.output_dir, args.dtype, args.chunk_passages,
+    meta = build_index(accelerator, encoder, args.passages, args.output_dir, args.dtype, args.chunk_passages,
                        args.bm25, args.overwrite_output_dir)
     if meta["seconds"] is not None:  # else up to date, as build_index said
         seconds, embedded = max(meta["seconds"], 1e-3), meta["embedded"]

@@ -59,7 +59,7 @@ def main(argv=None):
                       f"corpus={config.passages or config.index} processes={accelerator.num_processes}")
     # each process maps only its share of the index's shards and searches them (checked against the retriever)
     index = config.index and Index.load(config.index, share=(accelerator.process_index, accelerator.num_processes))
-    passages = load_passages(config.passages) if config.retriever == "bm25" else None
+    passages = load_passages(config.passages) if config.retriever == "bm25" and config.passages else None
 
     with publish_dir(accelerator, args.output_dir, state="evaluated") as out:  # all outputs at the end, or none
         # the share moves each k's own settings below, so the system itself answers as tuned

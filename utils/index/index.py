@@ -62,10 +62,17 @@ class Index:
     def dimension(self) -> int | None:
         return next((np.asarray(v.embeddings).shape[1] for v in self.shards if len(v.embeddings)), None)
 
+    @property
+    def bm25_only(self) -> bool:
+        """An index of the passages and BM25 alone, without vectors (index_corpus.py --retriever bm25)."""
+        return self.built_by["passage_encoder"] == "bm25"
+
     def check_encoder(self, model_dir: str, settings, fingerprint: str, dimension: int, where: str) -> None:
         """Refuse (one line, starting with `where`) an encoder whose passage vectors are not this index's: another
         encoder (or the same directory retrained: its `fingerprint`), other `settings` (a dataclass; those of
         VECTOR_SETTINGS are compared) or another dimension. `model_dir` names it in the message."""
+        if self.bm25_only:
+            raise UserError(f"{where}: an index of BM25 alone, without vectors: search it with --retriever bm25")
         if self.dimension is not None and self.dimension != dimension:
             raise UserError(f"{where}: {self.dimension}-dimensional vectors, but {model_dir} embeds in {dimension}")
         ours, theirs = asdict(settings), self.built_by["settings"]
@@ -158,7 +165,7 @@ class Index:
                 raise UserError(f"{directory}: {s['dir']} holds {len(lines)} passages, the manifest says "
                                 f"{s['last'] - s['first']}")
             parts.append(lines)
-            if i in mine:
+            if i in mine and meta["dimension"]:  # an index of BM25 alone has no vectors to search
                 try:
                     vectors.append(Vectors(emb, owner, s["last"] - s["first"], s["first"]))
                 except ValueError as err:

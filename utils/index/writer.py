@@ -46,6 +46,19 @@ class PassageEncoder(Protocol):
         """(vectors, owner): float32 rows, and with sentence windows the passage each row belongs to (else None)."""
 
 
+class BM25Only:
+    """The encoder of an index of the passages and BM25 alone (index_corpus.py --retriever bm25): no vectors, so a
+    user without a trained retriever gets an index that is built, updated, resumed, served and reloaded as a dense
+    one is, and BM25 that is built once, not at every start of a server."""
+    model_dir, dimension, mixed_precision, hybrid_by_default = None, 0, "no", True
+
+    def built_by(self) -> dict:
+        return {"model": "bm25", "passage_encoder": "bm25", "settings": {}, "precision": "no"}
+
+    def encode_passages(self, passages: list[dict]) -> tuple[np.ndarray, None]:
+        return np.zeros((len(passages), 0), np.float32), None
+
+
 def windows(encoder: PassageEncoder) -> bool:
     """Whether its vectors are of sentence windows (several a passage, each row's passage in the shard's owner)."""
     return bool(encoder.built_by()["settings"].get("window_sentences"))
@@ -180,7 +193,8 @@ def build_index(accelerator, encoder: PassageEncoder, passages: str, output_dir:
     if os.path.commonpath([corpus_path, out]) == out:
         raise UserError(f"{output_dir}: holds the corpus being indexed ({passages}): give another --output_dir "
                         "(replacing the directory would delete the corpus)")
-    if os.path.commonpath([os.path.realpath(encoder.model_dir), out]) == os.path.realpath(encoder.model_dir):
+    if encoder.model_dir and os.path.commonpath([os.path.realpath(encoder.model_dir), out]) == \
+            os.path.realpath(encoder.model_dir):
         raise UserError(f"{output_dir}: is the retriever's directory or inside it ({encoder.model_dir}): give the "
                         "index a directory of its own (publishing a retrained retriever there would delete it)")
     with contextlib.ExitStack() as held:

@@ -38,8 +38,6 @@ class SystemConfig(RankedCorpusConfig, InferenceConfig):
         if self.trained_retriever:
             RetrieverSettings.load(self.retriever)
         self.check_one()
-        if self.retriever == "bm25" and self.index:
-            raise UserError("--index holds dense vectors: the BM25 retriever needs --passages")
         InferenceConfig.__post_init__(self)
         check_at_least_one(self, "k")
 
@@ -60,9 +58,10 @@ def build_system(config: SystemConfig, answer_settings: AnswerSettings, accelera
     progress = progress and main
     reader = Reader(config.reader, device=device, batch_size=config.batch_size, mixed_precision=config.mixed_precision,
                     sort_by_length=True)
-    if config.retriever == "bm25":
-        return QASystem("bm25", reader, passages=passages, progress=progress,
-                        retriever_weight=weight, calibration=calibration, unanswerable_share=share)
+    if config.retriever == "bm25":  # the passages given, or an index with its BM25 (index_corpus.py --retriever bm25)
+        return QASystem("bm25", reader, passages=passages, index=None if passages is not None else index,
+                        progress=progress, retriever_weight=weight, calibration=calibration,
+                        unanswerable_share=share)
     retriever = Retriever(config.retriever, device=device, batch_size=config.batch_size,
                           mixed_precision=config.mixed_precision)
     if index is None:

@@ -44,11 +44,14 @@ class QASystem:
         self.unanswerable_share = unanswerable_share
         self.reader = reader if isinstance(reader, Reader) else Reader(
             reader, device=device, batch_size=batch_size, mixed_precision=mixed_precision, sort_by_length=True)
-        if isinstance(retriever, str) and retriever == "bm25":
-            if passages is None:
-                raise UserError("the BM25 retriever ranks passages, not a dense index: give the passages")
-            self.passages = load_passages(passages)
-            self.bm25, self.index, self.hybrid, self.retriever = BM25(self.passages), None, False, None
+        if isinstance(retriever, str) and retriever == "bm25":  # the passages given, or an index's with its BM25
+            self.hybrid, self.retriever, self.index = False, None, None
+            if passages is not None:
+                self.passages = load_passages(passages)
+                self.bm25 = BM25(self.passages)
+            else:
+                index = index if isinstance(index, Index) else Index.load(index)
+                self.index, self.passages, self.bm25 = index, index.passages, lexical(index, "the index given")
             return
         self.retriever = retriever if isinstance(retriever, Retriever) else Retriever(
             retriever, device=device, batch_size=batch_size, mixed_precision=mixed_precision)
@@ -68,12 +71,13 @@ class QASystem:
     def with_index(self, index: Index, where: str) -> "QASystem":
         """This system over another index (a new version of its own: serve.py's reload), the models shared, not
         loaded again; the index is checked as one given at the start (`where` names it in the errors)."""
-        if self.retriever is None:
-            raise UserError(f"{where}: a BM25 system reads passages, not an index")
+        other = copy.copy(self)
+        if self.retriever is None:  # BM25: the new version's passages and BM25
+            other.index, other.passages, other.bm25 = index, index.passages, lexical(index, where)
+            return other
         self.retriever.check_index(index, where)
         if self.hybrid and index.bm25 is None:
             raise UserError(f"{where}: the index has no BM25, which this system's hybrid needs")
-        other = copy.copy(self)
         other.index, other.passages = index, index.passages
         return other
 
@@ -170,3 +174,12 @@ def answer_of(combined: dict, threshold: float | None, passages: list[dict], rea
             "score": combined["score"] if hit else None, "null_minus_best": combined["null_minus_best"],
             "no_answer_probability": combined["no_answer_probability"],
             "passages": [{**p, "reading": r} for p, r in zip(passages, readings)]}
+
+
+def lexical(index: Index, where: str) -> BM25:
+    """The BM25 of an index a BM25 system searches (one built by index_corpus.py --retriever bm25, or a dense one
+    built with BM25)."""
+    if index.bm25 is None:
+        raise UserError(f"{where}: the index has no BM25 (a dense index built without it): give --passages, or an "
+                        "index built with --retriever bm25 or --bm25 true")
+    return index.bm25
