@@ -18,10 +18,17 @@ starting with the previous one's last sentences of up to --overlap_words; a long
 overlap as much. A table, in any format, is a block (a line of its passage) per row, naming each cell by its column
 where the table has a header row ("Year: 1871; Designer: ...").
 
+  python ingest_documents.py --documents scans/ --output corpus.jsonl --ocr auto
+      --ocr auto (the default): a PDF page without a text layer (a scanned page) is read by OCR, Tesseract on the
+      page rasterised at 300 dpi, one page at a time, its text carrying its page as a text layer's does; a page with
+      a text layer keeps it. --ocr always reads every page so (a text layer that is wrong), --ocr never the text
+      layer only. Tesseract is Debian's tesseract-ocr (scripts/setup.sh installs it; apt-get install tesseract-ocr).
+
 Refused in one line naming the file: a type other than txt, md, html, pdf, docx, pptx; a binary file; text not in
-UTF-8 whose encoding cannot be told; a file without text; a PDF without a text layer, damaged, locked by a password
-or unreadable, a Word or PowerPoint file damaged or not one (whatever a format's library fails on); a page nested
-too deep to parse whole; an unreadable folder or file; a name that is not UTF-8; two documents of one name;
+UTF-8 whose encoding cannot be told; a file without text; a PDF page to be read by OCR where Tesseract is not
+installed (the line says how to install it); a PDF without a text layer under --ocr never; a PDF damaged, locked by
+a password or unreadable, a Word or PowerPoint file damaged or not one (whatever a format's library fails on); a page
+nested too deep to parse whole; an unreadable folder or file; a name that is not UTF-8; two documents of one name;
 an --output that is a folder, lies in a folder given or is a file given. A bad file stops the run; --skip_bad_files
 leaves it out and lists it (a name given twice is refused even so: two documents would share their passages' ids).
 Never read, and always listed as left out: what is not a regular file (a named pipe, a socket, a device), and a link
@@ -35,7 +42,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from utils.errors import UserError, exit_on_user_error
-from utils.files.documents import FORMATS, NotADocument, document_files, read_document
+from utils.files.documents import FORMATS, DocumentsConfig, NotADocument, document_files, read_document
 from utils.files.jsonfiles import write_json_lines
 from utils.runtime.flags import arg, parse_args
 from utils.splitting import SplitConfig, split_passages
@@ -65,14 +72,15 @@ class IngestArgs:
                                 "(it would be ingested with them)")
 
 
-FLAGS = (IngestArgs, SplitConfig)
+FLAGS = (IngestArgs, DocumentsConfig, SplitConfig)
 
 
-def passages(args: IngestArgs, split: SplitConfig, files: list[tuple[str, str]], counts: dict):
+def passages(args: IngestArgs, reading: DocumentsConfig, split: SplitConfig, files: list[tuple[str, str]],
+             counts: dict):
     """The rows of the corpus, document after document; `counts` tallies what was read and skipped."""
     for name, path in files:
         try:
-            document = read_document(path, name)
+            document = read_document(path, name, reading.ocr)
         except UserError as err:
             if not args.skip_bad_files and not isinstance(err, NotADocument):
                 raise
@@ -92,10 +100,10 @@ def passages(args: IngestArgs, split: SplitConfig, files: list[tuple[str, str]],
 
 @exit_on_user_error
 def main(argv=None):
-    args, split = parse_args(FLAGS, argv)
+    args, reading, split = parse_args(FLAGS, argv)
     files, skipped = document_files(args.documents, args.skip_bad_files)
     counts, start = {"documents": 0, "pages": 0, "bytes": 0, "skipped": skipped}, time.perf_counter()
-    written = write_json_lines(args.output, passages(args, split, files, counts))
+    written = write_json_lines(args.output, passages(args, reading, split, files, counts))
     seconds = max(time.perf_counter() - start, 1e-9)
     print(f"{args.output}: {counts['documents']} documents, {written} passages ({len(counts['skipped'])} skipped) "
           f"in {seconds:.1f} s ({counts['pages'] / seconds:.1f} pages/s, {counts['bytes'] / 1e6 / seconds:.2f} MB/s "

@@ -1,21 +1,31 @@
-"""Word and PowerPoint files and tables (issue 61, item 1), on small files each test writes with the real libraries
-(python-docx, python-pptx): each Office format's blocks in order, its title and pages; a damaged one refused in one
-line and skipped; a table's rows naming their columns in Word, PowerPoint, HTML (trafilatura's main text and the
-visible text) and Markdown."""
+"""Word and PowerPoint files, tables and scanned PDFs (issue 61, items 1 and 2), on small files each test writes with
+the real libraries (python-docx, python-pptx; fpdf2 for a PDF, rasterised by pypdfium2 into a PDF of images without
+a text layer): each Office format's blocks in order, its title and pages; a damaged one refused in one line and
+skipped; a table's rows naming their columns in Word, HTML (trafilatura's main text and the visible text) and
+Markdown; OCR of the pages without a text layer (auto), of every page (always), of none (never), with Tesseract
+installed, and in a run whose PATH has no tesseract, one line saying how to install it."""
 
 import os
+import shutil
 from types import SimpleNamespace
 
 import docx
 import pptx
+import pypdfium2
 import pytest
 import trafilatura
-from conftest import assert_user_error
+from conftest import assert_user_error, run_script
+from fpdf import FPDF
 from pptx.util import Inches
 from test_documents import ingest, rows
 
+from utils.errors import UserError
 from utils.files.blocks import table_rows
 from utils.files.documents import read_document
+
+TESSERACT = shutil.which("tesseract")
+needs_tesseract = pytest.mark.skipif(TESSERACT is None, reason="Tesseract is not installed (apt-get install "
+                                                                "tesseract-ocr; scripts/setup.sh installs it)")
 
 LIGHTS = [["Year", "Designer", "Light"], ["1810", "Robert Stevenson", "Bell Rock"],
           ["1844", "Alan Stevenson", "Skerryvore"]]
@@ -209,3 +219,143 @@ def test_the_row_rule():
     assert table_rows([(["Year", "Light"], True)]) == ["Year; Light"]  # a header row alone is a row
     assert table_rows([(["A"], True), (["B"], True), (["1"], False)]) == ["A", "B: 1"]
     assert table_rows([(["1810", "Bell Rock"], False)]) == ["1810; Bell Rock"]
+
+
+# --- scanned PDFs --------------------------------------------------------------------------------------------------
+
+SCANNED = ["The keeper lit the lamp at dusk.\n\nStorms battered the granite tower all winter.",
+           "Skerryvore was finished in 1844 by Alan Stevenson."]
+TEXT_LAYER = "The first page has a text layer. Its sentences are read as they are."
+
+
+def write_pdf(path, pages):
+    """A PDF of these pages: ("text", text) a page with a text layer, ("scan", text) an image of the text and no text
+    layer, ("both", (text, image_text)) an image of image_text under an invisible text layer of text (OCR'd PDFs and
+    scanners write such layers, sometimes wrong)."""
+    pdf = FPDF()
+    pdf.set_font("helvetica", size=14)
+    for kind, text in pages:
+        pdf.add_page()
+        if kind == "text":
+            pdf.multi_cell(0, 8, text)
+            continue
+        layer, shown = text if kind == "both" else (None, text)
+        pdf.image(page_image(shown), x=0, y=0, w=pdf.w, h=pdf.h)
+        if layer:
+            pdf.text_mode = "INVISIBLE"
+            pdf.multi_cell(0, 8, layer)
+            pdf.text_mode = "FILL"
+    pdf.output(str(path))
+    return path
+
+
+def page_image(text, dpi=150):
+    """An A4 page of this text as a scanner would give it: an image (of a PDF fpdf2 writes, rasterised by PDFium)."""
+    pdf = FPDF()
+    pdf.set_font("helvetica", size=16)
+    pdf.add_page()
+    pdf.multi_cell(0, 10, text)
+    page = pypdfium2.PdfDocument(bytes(pdf.output()))[0]
+    return page.render(scale=dpi / 72, grayscale=True).to_pil()
+
+
+def words(text):
+    return set(text.lower().replace(".", " ").split())
+
+
+@needs_tesseract
+def test_a_scanned_pdf_is_read_by_ocr_page_by_page(tmp_path, capsys):
+    path = write_pdf(tmp_path / "scan.pdf", [("scan", text) for text in SCANNED])
+    document = read_document(str(path), "scan.pdf")  # --ocr auto, the default
+    assert document.pages == 2 and {page for _, page in document.blocks} == {1, 2}
+    first = " ".join(text for text, page in document.blocks if page == 1)
+    second = " ".join(text for text, page in document.blocks if page == 2)
+    assert {"keeper", "lamp", "dusk", "storms", "granite", "tower"} <= words(first)  # a word or two OCR may miss
+    assert {"skerryvore", "finished", "1844", "alan", "stevenson"} <= words(second)
+    assert len(document.blocks) == 3  # OCR's paragraphs are blocks as a text layer's are
+
+    output = tmp_path / "corpus.jsonl"
+    code, out, err = ingest(capsys, "--documents", path, "--output", output, "--max_words", 12, "--overlap_words", 0)
+    assert code == 0, err
+    assert [r["page"] for r in rows(output) if "Skerryvore" in r["text"]] == [2]
+
+
+@needs_tesseract
+def test_a_mixed_pdf_keeps_its_text_layer_and_ocrs_the_scanned_page(tmp_path):
+    path = write_pdf(tmp_path / "mixed.pdf", [("text", TEXT_LAYER), ("scan", SCANNED[1])])
+    blocks = blocks_of(path)
+    assert blocks[0] == (TEXT_LAYER, 1)  # the text layer as it is
+    assert [page for _, page in blocks] == [1, 2] and {"skerryvore", "1844", "alan"} <= words(blocks[1][0])
+    assert blocks_of(path, ocr="never") == [(TEXT_LAYER, 1)]  # the text layer only: the scanned page is left out
+
+
+@needs_tesseract
+def test_ocr_always_reads_a_page_whose_text_layer_is_wrong(tmp_path):
+    wrong = "Garbled layer xqzv wrongword."
+    path = write_pdf(tmp_path / "layered.pdf", [("both", (wrong, SCANNED[1]))])
+    assert blocks_of(path) == [(wrong, 1)]  # auto: a page with a text layer keeps it
+    (text, page), = blocks_of(path, ocr="always")
+    assert page == 1 and {"skerryvore", "1844", "alan"} <= words(text) and "wrongword" not in text
+
+
+@needs_tesseract
+def test_a_pdf_without_text_anywhere_is_one_line_after_ocr(tmp_path, capsys):
+    pdf = FPDF()
+    pdf.add_page()
+    pdf.rect(20, 20, 80, 40)
+    pdf.output(str(path := tmp_path / "blank.pdf"))
+    code, _, err = ingest(capsys, "--documents", path, "--output", tmp_path / "corpus.jsonl")
+    assert_user_error(SimpleNamespace(returncode=code, stderr=err),
+                      f"{path}: no text (no text layer, and OCR read none)")
+
+
+def test_ocr_never_refuses_a_scanned_pdf_as_before(tmp_path, capsys):
+    path = write_pdf(tmp_path / "scan.pdf", [("scan", SCANNED[1])])
+    code, _, err = ingest(capsys, "--documents", path, "--output", tmp_path / "corpus.jsonl", "--ocr", "never")
+    assert_user_error(SimpleNamespace(returncode=code, stderr=err),
+                      f"{path}: no text layer (a scanned PDF? run with --ocr auto)")
+    code, _, err = ingest(capsys, "--documents", path, "--output", tmp_path / "corpus.jsonl", "--ocr", "sometimes")
+    assert code == 2 and "--ocr" in err and "sometimes" in err
+    with pytest.raises(UserError, match="--ocr must be one of auto, always, never, got 'sometimes'"):
+        read_document(str(path), "scan.pdf", ocr="sometimes")
+
+
+def without_tesseract() -> dict:
+    """The environment of a run that cannot find the tesseract program: PATH without the folders that hold it."""
+    folders = os.environ.get("PATH", "").split(os.pathsep)
+    path = os.pathsep.join(f for f in folders if not os.access(os.path.join(f, "tesseract"), os.X_OK))
+    return {"PATH": path}
+
+
+def test_without_tesseract_a_page_that_needs_ocr_is_one_line_saying_how_to_install_it(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    scan = write_pdf(docs / "scan.pdf", [("scan", SCANNED[0]), ("scan", SCANNED[1])])
+    mixed = write_pdf(docs / "mixed.pdf", [("text", TEXT_LAYER), ("scan", SCANNED[1])])
+    text = write_pdf(docs / "text.pdf", [("text", TEXT_LAYER)])
+    output, env = tmp_path / "corpus.jsonl", without_tesseract()
+    install = "and OCR needs Tesseract, which is not installed (apt-get install tesseract-ocr; --ocr never reads the " \
+              "text layer only)"
+    cases = [([scan], f"{scan}: 2 pages have no text layer (page 1 the first), {install}"),
+             ([mixed], f"{mixed}: page 2 has no text layer, {install}"),
+             ([text, "--ocr", "always"], f"{text}: --ocr always reads every page, {install}")]
+    for argv, expected in cases:
+        proc = run_script("ingest_documents.py", "--documents", *argv, "--output", output, env=env, check=False,
+                          timeout=120)
+        assert_user_error(proc, expected)
+        assert not output.exists()
+    proc = run_script("ingest_documents.py", "--documents", docs, "--output", output, "--skip_bad_files", env=env,
+                      check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [f"skipped: {mixed}: page 2 has no text layer, {install}",
+                                        f"skipped: {scan}: 2 pages have no text layer (page 1 the first), {install}"]
+    assert [r["text"] for r in rows(output)] == [TEXT_LAYER]  # a text layer needs no Tesseract
+    proc = run_script("ingest_documents.py", "--documents", mixed, "--output", output, "--ocr", "never", env=env,
+                      check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["text"] for r in rows(output)] == [TEXT_LAYER]
+
+
+def test_the_run_without_tesseract_really_has_none():
+    """The premise of the test above: the PATH it gives leaves no tesseract to find."""
+    assert shutil.which("tesseract", path=without_tesseract()["PATH"]) is None

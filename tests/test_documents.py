@@ -182,7 +182,7 @@ def bad_file(tmp_path, case):
     """(the --documents values, the error's text) of each bad input."""
     if case == "scanned-pdf":
         path = write_pdf(tmp_path / "scan.pdf", ["", ""], rectangle_only=True)
-        return [path], f"{path}: no text layer (a scanned PDF? run OCR first)"
+        return [path], f"{path}: no text layer (a scanned PDF? run with --ocr auto)"  # under --ocr never
     if case == "encrypted-pdf":
         path = encrypted_pdf(tmp_path / "secret.pdf", write_pdf(tmp_path / "clear.pdf", PDF_PAGES), "secret")
         return [path], f"{path}: an encrypted PDF (its text cannot be read without the password)"
@@ -236,7 +236,8 @@ def test_a_bad_file_stops_the_run_in_one_line_and_writes_nothing(tmp_path, capsy
     output.parent.mkdir()
     if earlier_output:
         output.write_text('{"passage_id": "old#0", "title": "", "text": "An earlier corpus."}\n')
-    code, _, err = ingest(capsys, "--documents", *documents, "--output", output)
+    ocr = ["--ocr", "never"] if case == "scanned-pdf" else []  # OCR's own refusals: tests/test_document_formats.py
+    code, _, err = ingest(capsys, "--documents", *documents, "--output", output, *ocr)
     assert_user_error(SimpleNamespace(returncode=code, stderr=err), expected)
     assert sorted(os.listdir(output.parent)) == (["corpus.jsonl"] if earlier_output else [])
     if earlier_output:
@@ -253,19 +254,19 @@ def test_skip_bad_files_goes_on_and_lists_what_it_skipped(tmp_path, capsys, flag
     write_pdf(docs / "d.pdf", [""], rectangle_only=True)
     (docs / "e.md").write_text("# Last\n\nA good Markdown file.")
     output = tmp_path / "corpus.jsonl"
-    code, out, err = ingest(capsys, "--documents", docs, "--output", output, *flag)
+    code, out, err = ingest(capsys, "--documents", docs, "--output", output, "--ocr", "never", *flag)
     assert code == 0, err
     assert err.splitlines() == [f"skipped: {docs / 'b.txt'}: a binary file, not text",
                                 f"skipped: {docs / 'c.odt'}: unsupported type .odt (txt, md, html, pdf, docx, pptx are "
                                 "read)",
-                                f"skipped: {docs / 'd.pdf'}: no text layer (a scanned PDF? run OCR first)"]
+                                f"skipped: {docs / 'd.pdf'}: no text layer (a scanned PDF? run with --ocr auto)"]
     assert out.startswith(f"{output}: 2 documents, 2 passages (3 skipped) in ")
     assert [r["passage_id"] for r in rows(output)] == ["a.txt#0", "e.md#0"]
 
     for name in ("a.txt", "e.md"):  # every file bad: an error, and nothing written
         os.remove(docs / name)
     os.remove(output)
-    code, _, err = ingest(capsys, "--documents", docs, "--output", output, *flag)
+    code, _, err = ingest(capsys, "--documents", docs, "--output", output, "--ocr", "never", *flag)
     assert_user_error(SimpleNamespace(returncode=code, stderr=err), "no document could be read (3 skipped)")
     assert err.count("skipped: ") == 3 and not output.exists()
     assert not (tmp_path / "corpus.jsonl.tmp").exists()

@@ -3,7 +3,8 @@ and blocks of text (paragraphs, headings, list items, table rows; a PDF's and a 
 slide), whitespace collapsed within a block (utils/files/blocks.py). A table is a block per row that names each
 cell by its column ("Year: 1871; Designer: Robert Stevenson") where the table has a header row, in every format. A
 file that cannot be read as a document is a one-line UserError naming it: any failure of a format's library on one
-file is that file's error (`read_document`), never a traceback that ends the run.
+file is that file's error (`read_document`), never a traceback that ends the run. How a document is read beside its
+format (OCR): DocumentsConfig, the flags of every script that reads documents.
 
 - .txt, .text: text; a block is a run of lines between blank lines. Title: the file name without extension.
 - .md, .markdown: Markdown rendered by Python-Markdown (fenced code and tables included), all of it content, code
@@ -19,7 +20,7 @@ file is that file's error (`read_document`), never a traceback that ends the run
   table's header row is a row of <th> cells (or in <thead>); it names the rows under it up to the next one. A cell
   spanning columns is read in its first one (a header cell: in each), one spanning rows in each row it spans
   (trafilatura's main text keeps it in its first row only).
-- .pdf: the text layer by pypdf, page by page (utils/files/pdf.py).
+- .pdf: the text layer by pypdf, page by page, and pages without one read by OCR (utils/files/pdf.py).
 - .docx, .pptx: by python-docx and python-pptx (utils/files/office.py); a slide is a presentation's page.
 
 Text (.txt, .md, .html) is decoded by its byte-order mark (UTF-8, UTF-16, UTF-32), else as UTF-8, else in the
@@ -41,7 +42,8 @@ import os
 import re
 import stat
 import unicodedata
-from typing import NamedTuple, Optional
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Optional, get_args
 
 import markdown
 import trafilatura
@@ -54,6 +56,7 @@ from utils.files.blocks import collapsed, paragraphs
 from utils.files.markup import XML_BLOCKS, html_tree, text_blocks, visible_blocks
 from utils.files.office import read_docx, read_pptx
 from utils.files.pdf import read_pdf
+from utils.runtime.flags import arg
 
 # The libraries log what they repair or drop in a file (a PDF's broken cross-reference, a page's discarded data) as
 # warnings: a line each that says nothing about the corpus. Their errors still show. What pypdf logs while a PDF's
@@ -61,6 +64,20 @@ from utils.files.pdf import read_pdf
 # from a scanned one.
 for library in ("pypdf", "trafilatura"):
     logging.getLogger(library).setLevel(logging.ERROR)
+
+
+@dataclass(frozen=True)
+class DocumentsConfig:
+    """How documents are read, beside what their format says: the flags of every script that reads documents."""
+    ocr: Literal["auto", "always", "never"] = arg(
+        "auto", "How a PDF's pages are read. auto: a page without a text layer (a scanned page) by OCR (Tesseract), "
+                "a page with one by its text layer; always: every page by OCR (a PDF whose text layer is wrong); "
+                "never: by the text layer only (a PDF without one is refused). Tesseract: apt-get install "
+                "tesseract-ocr.")
+
+    def __post_init__(self):  # the command line checks the choice; read_document's callers are checked here
+        if self.ocr not in (modes := get_args(DocumentsConfig.__annotations__["ocr"])):
+            raise UserError(f"--ocr must be one of {', '.join(modes)}, got {self.ocr!r}")
 
 
 class Document(NamedTuple):
@@ -140,9 +157,11 @@ def followed(path: str, read: list[str], skipped: list[str]) -> bool:
     return True
 
 
-def read_document(path: str, name: str) -> Document:
-    """The document at `path`, ingested under `name`: its title, blocks and pages, by the reader of its extension.
-    Whatever goes wrong in the reading is a UserError naming the file (NotADocument where it is not a regular file)."""
+def read_document(path: str, name: str, ocr: str = "auto") -> Document:
+    """The document at `path`, ingested under `name`: its title, blocks and pages, by the reader of its extension
+    (`ocr`: DocumentsConfig's). Whatever goes wrong in the reading is a UserError naming the file (NotADocument where
+    it is not a regular file)."""
+    config = DocumentsConfig(ocr=ocr)
     try:
         mode = os.stat(path).st_mode
     except OSError as err:
@@ -157,7 +176,7 @@ def read_document(path: str, name: str) -> Document:
         # O_NONBLOCK: a named pipe put in the file's place since the check above is read as empty, not waited on
         with open(path, "rb", opener=lambda file, flags: os.open(file, flags | os.O_NONBLOCK)) as f:
             raw = f.read()
-        title, blocks, pages = reader(path, raw)
+        title, blocks, pages = reader(path, raw, config)
     except UserError:
         raise
     except OSError as err:
@@ -216,7 +235,7 @@ def decoded(path: str, raw: bytes) -> str:
     return str(best)
 
 
-def read_txt(path: str, raw: bytes):
+def read_txt(path: str, raw: bytes, config: DocumentsConfig):
     return None, paragraphs(decoded(path, raw)), 1
 
 
@@ -224,7 +243,7 @@ def read_txt(path: str, raw: bytes):
 FRONT_MATTER = re.compile(r"---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|$)", re.DOTALL)
 
 
-def read_markdown(path: str, raw: bytes):
+def read_markdown(path: str, raw: bytes, config: DocumentsConfig):
     text, title = decoded(path, raw), None
     if front := FRONT_MATTER.match(text):
         try:
@@ -245,7 +264,7 @@ def read_markdown(path: str, raw: bytes):
 MAIN_TEXT_SHARE = 0.1
 
 
-def read_html(path: str, raw: bytes):
+def read_html(path: str, raw: bytes, config: DocumentsConfig):
     # parsed once, each extraction on a copy
     try:
         tree = html_tree(path, decoded(path, raw))
@@ -272,7 +291,8 @@ def extracted(tree, favor_recall: bool) -> list[str]:
     return text_blocks(document.body, XML_BLOCKS) if document is not None and document.body is not None else []
 
 
-# each extension's reader and what the file is to be read as
+# each extension's reader, read_X(path, raw, config: DocumentsConfig) -> (title, blocks, pages), and what the file is
+# to be read as
 READERS = {".txt": (read_txt, "text file"), ".text": (read_txt, "text file"), ".md": (read_markdown, "Markdown file"),
            ".markdown": (read_markdown, "Markdown file"), ".html": (read_html, "HTML page"),
            ".htm": (read_html, "HTML page"), ".pdf": (read_pdf, "PDF"), ".docx": (read_docx, "Word document"),

@@ -24,7 +24,7 @@ from utils.files.blocks import collapsed, table_rows
 TITLE_STYLES = ("Title", "Heading 1")
 
 
-def read_docx(path: str, raw: bytes):
+def read_docx(path: str, raw: bytes, config):
     document = docx.Document(io.BytesIO(raw))
     title, blocks = document.core_properties.title, []
     for item in document.iter_inner_content():
@@ -56,7 +56,7 @@ def cell_text(cell) -> str:
                     for item in cell.iter_inner_content())
 
 
-def read_pptx(path: str, raw: bytes):
+def read_pptx(path: str, raw: bytes, config):
     presentation = pptx.Presentation(io.BytesIO(raw))
     title, blocks = presentation.core_properties.title, []
     for number, slide in enumerate(presentation.slides, 1):
