@@ -36,78 +36,54 @@ to a folder read already or to one holding it (a loop).
 """
 
 import os
-import sys
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 from utils.errors import UserError, exit_on_user_error
-from utils.files.documents import FORMATS, DocumentsConfig, NotADocument, document_files, read_document
-from utils.files.jsonfiles import write_json_lines
+from utils.files.documents import DocumentsConfig
+from utils.files.ingest import ingest
 from utils.runtime.flags import arg, parse_args
-from utils.splitting import SplitConfig, split_passages
+from utils.splitting import SplitConfig
 
 
 @dataclass(frozen=True)
 class IngestArgs:
-    documents: Optional[list[str]] = arg(None, "Folders (all of their files, hidden ones left out, links followed) "
-                                               f"and files to ingest: {FORMATS}.")
     output: str = arg(None, "The corpus to write (.jsonl), whole or not at all.")
-    skip_bad_files: bool = arg(False, "Leave out a file or folder that cannot be ingested (listed at the end) instead "
-                                      "of stopping at it; two documents of one name stop the run even so.")
 
     def __post_init__(self):
-        if not self.documents or not self.output:
-            raise UserError("give --documents (folders and files) and --output (the corpus to write, .jsonl)")
-        if not self.output.endswith(".jsonl"):
+        if self.output is not None and not self.output.endswith(".jsonl"):
             raise UserError(f"--output {self.output}: give a .jsonl file (the corpus is JSON lines)")
-        if os.path.isdir(self.output):
-            raise UserError(f"--output {self.output}: is a directory, not a file")
-        if not os.path.isdir(os.path.dirname(os.path.abspath(self.output))):
-            raise UserError(f"--output {self.output}: no such directory {os.path.dirname(self.output)}")
-        output = os.path.realpath(self.output)
-        for given in map(os.path.realpath, self.documents):
-            if given == output or os.path.isdir(given) and os.path.commonpath([given, output]) == given:
-                raise UserError(f"--output {self.output}: is one of the --documents or inside one of their folders "
-                                "(it would be ingested with them)")
 
 
-FLAGS = (IngestArgs, DocumentsConfig, SplitConfig)
+FLAGS = (DocumentsConfig, IngestArgs, SplitConfig)
 
 
-def passages(args: IngestArgs, reading: DocumentsConfig, split: SplitConfig, files: list[tuple[str, str]],
-             counts: dict):
-    """The rows of the corpus, document after document; `counts` tallies what was read and skipped."""
-    for name, path in files:
-        try:
-            document = read_document(path, name, reading.ocr)
-        except UserError as err:
-            if not args.skip_bad_files and not isinstance(err, NotADocument):
-                raise
-            counts["skipped"].append(str(err))
-            continue
-        counts["documents"] += 1
-        counts["pages"] += document.pages
-        counts["bytes"] += os.path.getsize(path)
-        for n, (text, page) in enumerate(split_passages(document.blocks, split)):
-            yield {"passage_id": f"{name}#{n}", "title": document.title, "text": text, "document": name,
-                   "passage": n, **({"page": page} if page is not None else {})}
-    for line in counts["skipped"]:
-        print(f"skipped: {line}", file=sys.stderr)
-    if not counts["documents"]:
-        raise UserError(f"no document could be read ({len(counts['skipped'])} skipped): nothing written")
+def resolve(reading: DocumentsConfig, args: IngestArgs, split: SplitConfig):
+    """The checks across the parsed configs, once: the documents and the output, which must not be one of them."""
+    if not reading.documents or not args.output:
+        raise UserError("give --documents (folders and files) and --output (the corpus to write, .jsonl)")
+    if os.path.isdir(args.output):
+        raise UserError(f"--output {args.output}: is a directory, not a file")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        raise UserError(f"--output {args.output}: no such directory {os.path.dirname(args.output)}")
+    output = os.path.realpath(args.output)
+    for given in map(os.path.realpath, reading.documents):
+        if given == output or os.path.isdir(given) and os.path.commonpath([given, output]) == given:
+            raise UserError(f"--output {args.output}: is one of the --documents or inside one of their folders "
+                            "(it would be ingested with them)")
+    return reading, args, split
 
 
 @exit_on_user_error
 def main(argv=None):
-    args, reading, split = parse_args(FLAGS, argv)
-    files, skipped = document_files(args.documents, args.skip_bad_files)
-    counts, start = {"documents": 0, "pages": 0, "bytes": 0, "skipped": skipped}, time.perf_counter()
-    written = write_json_lines(args.output, passages(args, reading, split, files, counts))
+    reading, args, split = resolve(*parse_args(FLAGS, argv))
+    start = time.perf_counter()
+    counts = ingest(reading, split, args.output)
     seconds = max(time.perf_counter() - start, 1e-9)
-    print(f"{args.output}: {counts['documents']} documents, {written} passages ({len(counts['skipped'])} skipped) "
-          f"in {seconds:.1f} s ({counts['pages'] / seconds:.1f} pages/s, {counts['bytes'] / 1e6 / seconds:.2f} MB/s "
-          "read; a PDF counts its pages, a presentation its slides, any other document one)")
+    print(f"{args.output}: {counts['documents']} documents, {counts['passages']} passages ({len(counts['skipped'])} "
+          f"skipped) in {seconds:.1f} s ({counts['pages'] / seconds:.1f} pages/s, "
+          f"{counts['bytes'] / 1e6 / seconds:.2f} MB/s read; a PDF counts its pages, a presentation its slides, any "
+          "other document one)")
 
 
 if __name__ == "__main__":

@@ -66,20 +66,6 @@ for library in ("pypdf", "trafilatura"):
     logging.getLogger(library).setLevel(logging.ERROR)
 
 
-@dataclass(frozen=True)
-class DocumentsConfig:
-    """How documents are read, beside what their format says: the flags of every script that reads documents."""
-    ocr: Literal["auto", "always", "never"] = arg(
-        "auto", "How a PDF's pages are read. auto: a page without a text layer (a scanned page) by OCR (Tesseract), "
-                "a page with one by its text layer; always: every page by OCR (a PDF whose text layer is wrong); "
-                "never: by the text layer only (a PDF without one is refused). Tesseract: apt-get install "
-                "tesseract-ocr.")
-
-    def __post_init__(self):  # the command line checks the choice; read_document's callers are checked here
-        if self.ocr not in (modes := get_args(DocumentsConfig.__annotations__["ocr"])):
-            raise UserError(f"--ocr must be one of {', '.join(modes)}, got {self.ocr!r}")
-
-
 class Document(NamedTuple):
     name: str  # what it is ingested under (its passages' ids start with it)
     title: str
@@ -235,7 +221,7 @@ def decoded(path: str, raw: bytes) -> str:
     return str(best)
 
 
-def read_txt(path: str, raw: bytes, config: DocumentsConfig):
+def read_txt(path: str, raw: bytes, config: "DocumentsConfig"):
     return None, paragraphs(decoded(path, raw)), 1
 
 
@@ -243,7 +229,7 @@ def read_txt(path: str, raw: bytes, config: DocumentsConfig):
 FRONT_MATTER = re.compile(r"---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|$)", re.DOTALL)
 
 
-def read_markdown(path: str, raw: bytes, config: DocumentsConfig):
+def read_markdown(path: str, raw: bytes, config: "DocumentsConfig"):
     text, title = decoded(path, raw), None
     if front := FRONT_MATTER.match(text):
         try:
@@ -264,7 +250,7 @@ def read_markdown(path: str, raw: bytes, config: DocumentsConfig):
 MAIN_TEXT_SHARE = 0.1
 
 
-def read_html(path: str, raw: bytes, config: DocumentsConfig):
+def read_html(path: str, raw: bytes, config: "DocumentsConfig"):
     # parsed once, each extraction on a copy
     try:
         tree = html_tree(path, decoded(path, raw))
@@ -291,7 +277,7 @@ def extracted(tree, favor_recall: bool) -> list[str]:
     return text_blocks(document.body, XML_BLOCKS) if document is not None and document.body is not None else []
 
 
-# each extension's reader, read_X(path, raw, config: DocumentsConfig) -> (title, blocks, pages), and what the file is
+# each extension's reader, read_X(path, raw, config: "DocumentsConfig") -> (title, blocks, pages), and what the file is
 # to be read as
 READERS = {".txt": (read_txt, "text file"), ".text": (read_txt, "text file"), ".md": (read_markdown, "Markdown file"),
            ".markdown": (read_markdown, "Markdown file"), ".html": (read_html, "HTML page"),
@@ -308,3 +294,22 @@ def first_extensions() -> str:
 
 
 FORMATS = first_extensions()
+
+
+@dataclass(frozen=True)
+class DocumentsConfig:
+    """Which documents, and how they are read beside what their format says: the flags of every script that reads
+    documents (ingest_documents.py, index_corpus.py --documents)."""
+    documents: Optional[list[str]] = arg(None, "Folders (all of their files, hidden ones left out, links followed) "
+                                               f"and files of documents to read: {FORMATS}.")
+    skip_bad_files: bool = arg(False, "Leave out a file or folder that cannot be read (listed) instead of stopping "
+                                      "at it; two documents of one name stop the run even so.")
+    ocr: Literal["auto", "always", "never"] = arg(
+        "auto", "How a PDF's pages are read. auto: a page without a text layer (a scanned page) by OCR (Tesseract), "
+                "a page with one by its text layer; always: every page by OCR (a PDF whose text layer is wrong); "
+                "never: by the text layer only (a PDF without one is refused). Tesseract: apt-get install "
+                "tesseract-ocr.")
+
+    def __post_init__(self):  # the command line checks the choice; read_document's callers are checked here
+        if self.ocr not in (modes := get_args(DocumentsConfig.__annotations__["ocr"])):
+            raise UserError(f"--ocr must be one of {', '.join(modes)}, got {self.ocr!r}")

@@ -12,6 +12,7 @@
                                 after the last; anything written past it is cut off)
     IDX/bm25/                   BM25 over every passage (for the hybrid), where built
     IDX/v2/shard-00000/, v2/bm25/  the same, of the index's second version (an update: the manifest names its files)
+    IDX/.qa-amp-corpus.jsonl    the corpus of an index of documents (index_corpus.py --documents reads them into it)
     IDX/update.json             an update under way (utils.index.update): its version, the files of
                                 the version before it
 
@@ -32,6 +33,7 @@ from utils.errors import UserError
 from utils.files.jsonfiles import json_line, read_json, write_json_file
 
 INDEX_FILE, FORMAT, UPDATE_FILE = "index.json", 3, "update.json"
+DOCUMENTS_CORPUS = ".qa-amp-corpus.jsonl"  # an index of a folder's documents keeps their corpus here (--documents)
 MANIFEST_FIELDS = ("model", "passage_encoder", "settings", "precision", "dimension", "dtype", "passages", "shards",
                    "complete")
 VECTORS, OWNER, PASSAGES, OFFSETS, PROGRESS, KEYS = ("vectors.bin", "owner.bin", "passages.jsonl", "offsets.bin",
@@ -75,7 +77,7 @@ def own_entries(directory: str) -> list[str]:
     Anything else in it (a user's notes, say) is not the index's."""
     meta = _json_object(os.path.join(directory, INDEX_FILE))
     record = _json_object(os.path.join(directory, UPDATE_FILE))
-    names = [INDEX_FILE, UPDATE_FILE]
+    names = [INDEX_FILE, UPDATE_FILE, DOCUMENTS_CORPUS]
     if meta is not None:
         names += [path.split("/")[0] for path in files_of({"shards": [], **meta})]
         version, processes = version_of(meta), (meta.get("corpus") or {}).get("processes", 0)

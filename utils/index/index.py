@@ -28,7 +28,7 @@ import torch
 
 from utils.errors import UserError
 from utils.files.jsonfiles import write_json_file
-from utils.index.format import (FORMAT, INDEX_FILE, PassageStore, ShardWriter, bm25_dir, content_hash,
+from utils.index.format import (DOCUMENTS_CORPUS, FORMAT, INDEX_FILE, PassageStore, ShardWriter, bm25_dir, content_hash,
                                 holds_index_manifest, map_shard, own_entries, read_manifest, shard_name, version_of)
 from utils.runtime.output_dir import holds_trained_model, read_marker, staged_directory
 from utils.search.bm25 import BM25
@@ -185,15 +185,16 @@ def manifest(built_by: dict, dtype: str, dimension: int, passages: int, shards: 
             **({"corpus": corpus} if corpus else {})}
 
 
-def check_index_target(directory: str, overwrite: bool, flag: str = "overwrite=True") -> None:
+def check_index_target(directory: str, overwrite: bool, flag: str = "overwrite=True", own_corpus: bool = False) -> None:
     """Where an index may be written: a new or empty directory, or with `overwrite` (`flag`: how the caller's user
     asks for it) one that holds an index of this project (its manifest, utils.index.format), of which only
     what the index wrote is replaced (`own_entries`). Anything else is refused even with `overwrite`, one line each:
     a file; a directory that holds a trained model (a reader's, a retriever's: an index never replaces one) or the
-    outputs of another run; one that merely holds a file named index.json."""
+    outputs of another run; one that merely holds a file named index.json. `own_corpus`: the index's corpus of
+    documents (DOCUMENTS_CORPUS) is there already, written for it."""
     if os.path.lexists(directory) and not os.path.isdir(directory):
         raise UserError(f"{directory}: is a file, not a directory: save the index to a new or empty directory")
-    if not os.path.isdir(directory) or not os.listdir(directory):
+    if not os.path.isdir(directory) or set(os.listdir(directory)) <= ({DOCUMENTS_CORPUS} if own_corpus else set()):
         return
     if holds_trained_model(directory):
         raise UserError(f"{directory}: holds a trained model, which an index never replaces (even with {flag}): "

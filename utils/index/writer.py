@@ -21,8 +21,8 @@ from utils.errors import UserError
 from utils.files.corpus import stream_passages
 from utils.files.jsonfiles import write_json_file
 from utils.index.corpus_check import CHUNK_PASSAGES, check_corpus, corpus_identity, same_corpus
-from utils.index.format import (INDEX_FILE, PassageStore, ShardWriter, content_hash, content_keys, holds_index_manifest,
-                                map_shard, own_entries, read_manifest, shard_name, version_path)
+from utils.index.format import (DOCUMENTS_CORPUS, INDEX_FILE, PassageStore, ShardWriter, content_hash, content_keys,
+                                holds_index_manifest, map_shard, own_entries, read_manifest, shard_name, version_path)
 from utils.index.index import Index, check_index_target, manifest
 from utils.index.update import PreviousVectors, discard_update, finish_update, recover, remove_entries, start_update
 from utils.runtime.lock import directory_lock
@@ -83,12 +83,13 @@ def _resumable(out: str, existing: dict, built_by: dict, dtype: str, corpus: dic
     return None, existing
 
 
-def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, encoder: PassageEncoder,
-                      corpus: dict) -> tuple[dict, dict | None]:
+def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, encoder: PassageEncoder, corpus: dict,
+                      own_corpus: bool = False) -> tuple[dict, dict | None]:
     """(the manifest to build under, the update to make or None): a new manifest; or the unfinished one found
     (resumed: it must have been started with this retriever, its settings and precision, this dtype, this corpus
     and as many processes); or the complete one found by the same (`_resumable`), with the update that brings it
-    to this corpus where it holds another (utils.index.update). One-line errors."""
+    to this corpus where it holds another (utils.index.update). `own_corpus`: the corpus is the index's own file
+    (DOCUMENTS_CORPUS), written into the directory before it. One-line errors."""
     built_by = encoder.built_by()
     failure, meta, update = None, None, None
     if accelerator.is_main_process:
@@ -109,9 +110,10 @@ def prepare_index_dir(accelerator, out: str, dtype: str, overwrite: bool, encode
                                   "was discarded")
         if failure is None and meta is None:
             try:
-                check_index_target(out, overwrite, "--overwrite_output_dir")
-                if os.path.isdir(out) and overwrite:  # what the index there wrote, and only that
-                    remove_entries(out, own_entries(out))
+                check_index_target(out, overwrite, "--overwrite_output_dir", own_corpus)
+                if os.path.isdir(out) and overwrite:  # what the index there wrote, and only that (its corpus of
+                    # documents, just read again for this build, kept)
+                    remove_entries(out, [e for e in own_entries(out) if not (own_corpus and e == DOCUMENTS_CORPUS)])
                 os.makedirs(out, exist_ok=True)
                 meta = manifest(built_by, dtype, encoder.dimension, corpus["passages"], [], bm25=False,
                                 complete=False, corpus=corpus)
@@ -179,18 +181,21 @@ def embed_shard(path: str, chunks: list[tuple[int, int, int]], dtype: str, encod
 
 def build_index(accelerator, encoder: PassageEncoder, passages: str, output_dir: str, dtype: str = "float32",
                 chunk_passages: int | None = CHUNK_PASSAGES, bm25: bool | None = None, overwrite: bool = False,
-                reuse: bool = False) -> dict:
+                reuse: bool = False, documents: list[str] | None = None) -> dict:
     """Index the JSON-lines corpus `passages` into `output_dir` with `encoder`, every process a contiguous run of
     the corpus's chunks (a collective: every process calls it); resumes an unfinished build of the same corpus,
     retriever and layout; updates a complete one by the same retriever whose corpus changed since
     (utils.index.update: only new and changed passages embedded). Returns the complete manifest, with
     "seconds" None where nothing was built. `bm25`: also build BM25 (default: what the index being updated has,
     else when the encoder ranks fused with it). A complete index there of the same corpus and retriever is
-    returned as it is: with `reuse` silently (with BM25 where asked), else as up to date. The directory is locked
-    for the run (utils.runtime.lock): a second run on it meanwhile is refused."""
+    returned as it is: with `reuse` silently (with BM25 where asked), else as up to date. `documents`: the folders
+    and files the corpus was read from (index_corpus.py --documents), recorded in the manifest; the corpus is then
+    the index's own, DOCUMENTS_CORPUS in `output_dir`. The directory is locked for the run (utils.runtime.lock): a
+    second run on it meanwhile is refused."""
     corpus_path, out = os.path.realpath(passages), os.path.realpath(output_dir)
+    own_corpus = documents is not None and corpus_path == os.path.join(out, DOCUMENTS_CORPUS)
     # the same answers on every process: no collective needed
-    if os.path.commonpath([corpus_path, out]) == out:
+    if os.path.commonpath([corpus_path, out]) == out and not own_corpus:
         raise UserError(f"{output_dir}: holds the corpus being indexed ({passages}): give another --output_dir "
                         "(replacing the directory would delete the corpus)")
     if encoder.model_dir and os.path.commonpath([os.path.realpath(encoder.model_dir), out]) == \
@@ -209,14 +214,16 @@ def build_index(accelerator, encoder: PassageEncoder, passages: str, output_dir:
         if failure:
             raise UserError(failure)
         return _build_index(accelerator, encoder, passages, output_dir, dtype, chunk_passages, bm25, overwrite,
-                            reuse)
+                            reuse, documents)
 
 
-def _build_index(accelerator, encoder, passages, output_dir, dtype, chunk_passages, bm25, overwrite, reuse):
+def _build_index(accelerator, encoder, passages, output_dir, dtype, chunk_passages, bm25, overwrite, reuse,
+                 documents):
     world, rank = accelerator.num_processes, accelerator.process_index
     plan = check_corpus(accelerator, passages, chunk_passages)
     corpus = corpus_identity(passages, plan, world)
-    found, update = prepare_index_dir(accelerator, output_dir, dtype, overwrite, encoder, corpus)
+    found, update = prepare_index_dir(accelerator, output_dir, dtype, overwrite, encoder, corpus,
+                                      own_corpus=documents is not None)
     if found["complete"] and update is None:  # the index of this corpus already
         if (bm25 if bm25 is not None else encoder.hybrid_by_default) and not found.get("bm25"):
             raise UserError(f"{output_dir}: a complete index without BM25, which the hybrid needs: give another "
@@ -250,7 +257,8 @@ def _build_index(accelerator, encoder, passages, output_dir, dtype, chunk_passag
     meta = manifest(encoder.built_by(), dtype, encoder.dimension, corpus["passages"], shards, bm25=bm25,
                     complete=True, corpus=corpus)
     meta.update(version=version, embedded=sum(s["embedded"] for s in every), bm25_dir=version_path(version, "bm25"),
-                seconds=round(max(s["seconds"] for s in every), 3))
+                seconds=round(max(s["seconds"] for s in every), 3),
+                **({"documents": [os.path.abspath(d) for d in documents]} if documents is not None else {}))
     if accelerator.is_main_process:
         if bm25:  # by this process alone (one index over every passage: bm25s builds it in one piece), the others
             # waiting below, for as long as --process_group_timeout allows
