@@ -53,6 +53,7 @@ class Index:
         self.shards, self.passages, self.bm25, self.built_by = shards, passages, bm25, built_by
         self.model_dir, self.distributed = built_by["model"], distributed
         self.version = 1
+        self.documents = None  # the folders and files its corpus was read from (index_corpus.py --documents)
 
     @property
     def count(self) -> int:
@@ -175,6 +176,7 @@ class Index:
         built_by = {k: meta[k] for k in ("model", "passage_encoder", "settings", "precision")}
         index = cls(vectors, passages, bm25, built_by, distributed=share is not None and share[1] > 1)
         index.version = version_of(meta)  # an update's number (utils.index.update)
+        index.documents = meta.get("documents")
         return index
 
 

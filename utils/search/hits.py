@@ -13,12 +13,13 @@ def check_k(k) -> None:
 
 
 def passage_hit(passages, j: int, score) -> dict:
-    """Passage j of the corpus as a search result: {"passage_id", "title", "text", "score"}, and "source" ({"document",
-    "passage", "page"}, those it has: where an ingested passage came from) where the corpus gives it."""
+    """Passage j of the corpus as a search result: {"passage_id", "title", "text", "score", "position" (j: its place
+    in the corpus)}, and "source" ({"document", "passage", "page"}, those it has: where an ingested passage came
+    from) where the corpus gives it."""
     p = passages[j]
     source = {k: p[k] for k in SOURCE_FIELDS if k in p}
     return {"passage_id": p["passage_id"], "title": p["title"], "text": p["text"], "score": float(score),
-            **({"source": source} if source else {})}
+            "position": int(j), **({"source": source} if source else {})}
 
 
 def ranked_passages(passages, scores, ids) -> list[list[dict]]:

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
 from utils.errors import UserError, check_at_least_one
 from utils.files.questions import QuestionError
@@ -26,6 +26,7 @@ from utils.reader.trained import normalization
 from utils.runtime.flags import arg
 from utils.system.answer import check_share
 from utils.system.batcher import Batcher
+from utils.system.documents import document_path, document_view, link, media_type, viewed_as_itself
 from utils.system.reload import IndexWatch
 from utils.system.requests import AskRequest, BadRequest, BodyLimit, Limits, check_request, install_error_handlers
 
@@ -57,15 +58,22 @@ class ServeArgs:
             raise UserError(f"--port {self.port}: not a port")
 
 
-def public(a: dict, settings: dict) -> dict:
+def public(a: dict, settings: dict, documents: list[str] | None = None) -> dict:
     """One answer of `QASystem.ask` as the API returns it: the answer (None when the system abstains) with its
     score, passage and character offsets, its probability of no answer, the passages read with their retrieval
-    scores, and the `settings` it was made with."""
+    scores, and the `settings` it was made with. Where the index was built from `documents`, each source carries the
+    link to its document (utils.system.documents)."""
+    positions = {p["passage_id"]: p.get("position") for p in a["passages"]}
+
+    def source(s, position):
+        found = link(documents, s, position)
+        return {**s, "link": found} if found else s
+
     return {"answer": a["answer"] or None, "score": a["score"], "passage_id": a["passage_id"], "title": a["title"],
-            "text": a["text"], "source": a["source"], "start": a["start"], "end": a["end"],
-            "no_answer_probability": a["no_answer_probability"], "settings": settings,
+            "text": a["text"], "source": source(a["source"], positions.get(a["passage_id"])), "start": a["start"],
+            "end": a["end"], "no_answer_probability": a["no_answer_probability"], "settings": settings,
             "passages": [{"passage_id": p["passage_id"], "title": p["title"], "text": p["text"], "score": p["score"],
-                          "source": p.get("source")} for p in a["passages"]]}
+                          "source": source(p.get("source"), p.get("position"))} for p in a["passages"]]}
 
 
 def answered_with(system, threshold, unanswerable_share="system") -> dict:
@@ -100,7 +108,8 @@ class ServerState:
         system = self.system  # taken once: the whole pass is answered from this system and its index
         settings = {share: answered_with(system, self.threshold, share) for share in set(shares)}
         answers = system.ask(questions, ks, threshold=self.threshold, unanswerable_share=shares)
-        return [public(a, settings[share]) for a, share in zip(answers, shares)]
+        documents = system.index.documents if system.index is not None else None
+        return [public(a, settings[share], documents) for a, share in zip(answers, shares)]
 
     def load(self) -> None:
         """The loading thread: the system, then the index watched every --index_check_seconds."""
@@ -150,6 +159,19 @@ class ServerState:
             raise BadRequest("unanswerable_share", why.removeprefix("unanswerable_share ")) from None
         return share
 
+    def document(self, name: str, passage: int, original: bool):
+        """/documents/NAME?passage=P: the document of passage P, read-only, if the index lists it there and it lies
+        where the index was built from; a PDF (or `original`) as the file, any other as its text with the passage
+        highlighted (utils.system.documents); anything else not found."""
+        system = self.system  # one version for the whole request, as a pass
+        index = system and system.index
+        path = document_path(index, name, passage) if index is not None else None
+        if path is None:
+            return JSONResponse({"error": f"{name}: no such document", "field": None}, status_code=404)
+        if original or viewed_as_itself(name):
+            return FileResponse(path, media_type=media_type(path))
+        return HTMLResponse(document_view(index, name, passage))
+
     async def ask(self, body: AskRequest):
         """/ask: the request checked, then answered in the batcher's next pass."""
         questions, k = check_request(body, self.limits, self.k)
@@ -195,6 +217,10 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/ask")
     async def ask(body: AskRequest):
         return await state.ask(body)
+
+    @app.get("/documents/{name:path}", include_in_schema=False)
+    async def document(name: str, passage: int = -1, original: bool = False):
+        return state.document(name, passage, original)
 
     @app.get("/", include_in_schema=False)
     async def page():
