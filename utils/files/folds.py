@@ -2,7 +2,11 @@
 (qa_system.py --validation_file), the reader's epochs (scripts/article_folds.py) and the scores of a threshold tuned
 on other articles (benchmarks/qa_crossfit.py). An article's questions share its wording, its paragraphs and its
 share of unanswerable questions, so a choice tuned on some of its questions and scored on others looks better than
-it will on a user's articles; folds that keep each article whole score it only on articles it never saw."""
+it will on a user's articles; folds that keep each article whole score it only on articles it never saw. A question
+with neither a title nor a paragraph (answer strings without a paragraph: DPR's NQ and TriviaQA files) names no
+article, so it is an article of its own: its folds are folds of questions, each question scored only by settings
+tuned on other questions (which is sound where questions are independent, as in those files; questions written
+about one document share its wording, and a "title" on each keeps them whole)."""
 
 from utils.errors import UserError
 from utils.files.squad import is_impossible
@@ -10,8 +14,17 @@ from utils.files.squad import is_impossible
 
 def article_of(example: dict) -> str:
     """The article of an example or question in the flat layout (utils.files.squad): its title, or where a flattened
-    row has none, its paragraph (a paragraph is one article's); "" for a question with neither."""
-    return example["title"] or example["context"] or ""
+    row has none, its paragraph (a paragraph is one article's); for a question with neither, its id (an article of
+    its own)."""
+    return example["title"] or example["context"] or f"question {example['id']}"
+
+
+def fold_unit(examples: list[dict]) -> str:
+    """What the folds of these examples keep whole, as the outputs name it: "articles", "questions" (no question
+    names an article), or both."""
+    named = [bool(ex["title"] or ex["context"]) for ex in examples]
+    return "articles" if all(named) else "questions" if not any(named) else \
+        "articles (a question without a title or paragraph its own)"
 
 
 def articles_of(examples: list[dict]) -> dict[str, list[dict]]:
@@ -76,20 +89,29 @@ def _imbalance(totals: list[list[int]], overall: list[int], where: list[int]) ->
 
 
 def _even_out(sizes, where, totals, overall, place, passes: int = 20) -> None:
-    """Move single articles to another fold, then swap pairs between folds, while that lowers `_imbalance`."""
+    """Move single articles to another fold, then swap pairs between folds, while that lowers `_imbalance`. A move
+    changes the folds' totals by what it moves, not by which article: one that failed is not tried again for another
+    article of the same size and fold until a move succeeds (the same folds, without trying every pair of many
+    articles of one question each)."""
     folds, count = len(totals), len(sizes)
     cost = [_imbalance(totals, overall, where)]
+    failed = set()  # what the moves tried since the last that succeeded did, in sizes and folds
 
     def attempt(moves: list[tuple[int, int]]) -> bool:  # (article, fold) moves, kept only if the folds even out
+        effect = tuple((sizes[i], where[i], f) for i, f in moves)
+        if effect in failed:
+            return False
         before = [(i, where[i]) for i, _ in moves]
         for i, f in moves:
             place(i, f)
         new = _imbalance(totals, overall, where)
         if new < cost[0] - 1e-12:
             cost[0] = new
+            failed.clear()
             return True
         for i, f in reversed(before):
             place(i, f)
+        failed.add(effect)
         return False
 
     for _ in range(passes):
@@ -108,5 +130,6 @@ def _even_out(sizes, where, totals, overall, place, passes: int = 20) -> None:
 
 def cross_fit_folds(questions: list[dict]) -> list[list[dict]] | None:
     """Labelled questions in two folds of whole articles (article_folds), or None where they hold one article (a
-    SQuAD file of one title, or of one paragraph without a title): nothing to cross-fit over."""
+    SQuAD file of one title, or of one paragraph without a title): nothing to cross-fit over. Questions without a
+    title or paragraph are each an article (article_of)."""
     return article_folds(questions, 2) if len(articles_of(questions)) >= 2 else None
