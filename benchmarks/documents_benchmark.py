@@ -7,7 +7,9 @@ system's answers from them against the same from the prepared corpus.
 render: each article of --articles (SQuAD JSON; default the shared test split) as one file per format: HTML (a
 <title>, an <h1>, a navigation bar and a footer to drop, an <h2> every 5 paragraphs, the paragraphs), PDF (fpdf2:
 the title as metadata and heading, the same headings and paragraphs, in DejaVu Sans so that every character has a
-glyph), Markdown and plain text. ingest: ingest_documents.py on each format's folder, in a child (seconds with the
+glyph), Markdown, plain text, Word (python-docx: the title, the same headings as Heading 2, the paragraphs) and a
+scanned PDF (the PDF's pages rendered at --scan_dpi by pypdfium2 and saved as images only, no text layer left, which
+ingestion reads by OCR). ingest: ingest_documents.py on each format's folder, in a child (seconds with the
 interpreter's start, peak RSS by GNU time, and the script's own line: pages and MB per second of its reading), once
 for the articles and once for --speed_copies copies of each (the speed). qa (with --retriever and --reader): the
 rest of the corpus (--corpus) with the ingested passages, indexed by qa_system.py, and qa_system.py on the
@@ -42,11 +44,17 @@ def sections(paragraphs: list[str]):
         yield f"Part {i // 5 + 1}", paragraphs[i:i + 5]
 
 
-def render(docs, folder: str, copies: int = 1) -> None:
-    """Each document in every format under folder/FORMAT/, `copies` times (under names of their own)."""
+FORMATS = ("txt", "md", "html", "pdf", "docx", "scanned")
+
+
+def render(docs, folder: str, copies: int = 1, scan_dpi: int | None = 200) -> None:
+    """Each document in every format under folder/FORMAT/, `copies` times (under names of their own); scanned at
+    `scan_dpi` (None: no scanned PDFs)."""
+    import docx
+    import pypdfium2
     from fpdf import FPDF
 
-    for fmt in ("html", "pdf", "md", "txt"):
+    for fmt in FORMATS if scan_dpi else FORMATS[:-1]:
         os.makedirs(os.path.join(folder, fmt), exist_ok=True)
     for (title, paragraphs), copy in ((d, c) for d in docs for c in range(copies)):
         name = title.replace(" ", "_") + (f"-{copy}" if copies > 1 else "")
@@ -77,6 +85,21 @@ def render(docs, folder: str, copies: int = 1) -> None:
                 pdf.multi_cell(0, 5, p, new_x="LMARGIN", new_y="NEXT")
                 pdf.ln(3)
         pdf.output(os.path.join(folder, "pdf", name + ".pdf"))
+        word = docx.Document()
+        word.core_properties.title = title
+        word.add_heading(title, level=1)
+        for h, ps in sections(paragraphs):
+            word.add_heading(h, level=2)
+            for p in ps:
+                word.add_paragraph(p)
+        word.save(os.path.join(folder, "docx", name + ".docx"))
+        if not scan_dpi:
+            continue
+        printed = pypdfium2.PdfDocument(os.path.join(folder, "pdf", name + ".pdf"))
+        images = [page.render(scale=scan_dpi / 72, grayscale=True).to_pil() for page in printed]
+        images[0].save(os.path.join(folder, "scanned", name + ".pdf"), save_all=True, append_images=images[1:],
+                       resolution=scan_dpi)
+        printed.close()
 
 
 def timed(cmd: list[str], peak_file: str) -> dict:
@@ -92,7 +115,7 @@ def timed(cmd: list[str], peak_file: str) -> dict:
 
 
 def pages(folder: str, fmt: str) -> int:
-    if fmt != "pdf":
+    if fmt not in ("pdf", "scanned"):
         return len(os.listdir(folder))
     from pypdf import PdfReader
     return sum(len(PdfReader(os.path.join(folder, n)).pages) for n in os.listdir(folder))
@@ -100,6 +123,7 @@ def pages(folder: str, fmt: str) -> int:
 
 def ingest(folder: str, fmt: str) -> dict:
     source, out = os.path.join(folder, fmt), os.path.join(folder, f"{fmt}.jsonl")
+    # a scanned PDF goes through OCR (--ocr auto: its pages have no text layer)
     run = timed([sys.executable, "ingest_documents.py", "--documents", source, "--output", out], out + ".peak")
     mb = sum(os.path.getsize(os.path.join(source, n)) for n in os.listdir(source)) / 1e6
     n_pages = pages(source, fmt)
@@ -128,7 +152,9 @@ def main():
     p.add_argument("--retriever")
     p.add_argument("--reader")
     p.add_argument("--formats", nargs="+", default=["html", "pdf"], help="the formats the QA system is run on")
-    p.add_argument("--speed_copies", type=int, default=20, help="copies of each article ingested for the speed")
+    p.add_argument("--speed_copies", type=int, default=20, help="copies of each article ingested for the speed (the "
+                   "scanned PDFs: once, their OCR is the speed measured)")
+    p.add_argument("--scan_dpi", type=int, default=200, help="the resolution the scanned PDFs' pages are printed at")
     p.add_argument("--work", default="/tmp/documents-benchmark")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = p.parse_args()
@@ -137,11 +163,11 @@ def main():
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
     open(os.path.join(args.work, MARK), "w").close()
-    render(articles(args.articles), args.work)
+    render(articles(args.articles), args.work, scan_dpi=args.scan_dpi)
     speed = os.path.join(args.work, "speed")
-    render(articles(args.articles), speed, args.speed_copies)
-    result = {"ingest": {fmt: ingest(args.work, fmt) for fmt in ("txt", "md", "html", "pdf")},
-              "speed": {fmt: ingest(speed, fmt) for fmt in ("txt", "md", "html", "pdf")}}
+    render(articles(args.articles), speed, args.speed_copies, scan_dpi=None)  # OCR's speed: the articles' own
+    result = {"ingest": {fmt: ingest(args.work, fmt) for fmt in FORMATS},
+              "speed": {fmt: ingest(speed, fmt) for fmt in FORMATS if fmt != "scanned"}}
     print(json.dumps(result, indent=1), flush=True)
     if args.retriever and args.reader:
         result["qa"] = {}

@@ -27,7 +27,9 @@ update: the corpus repeated under new titles to --sizes[0] passages (each copy o
 from scratch (with BM25, as the hybrid needs); then 1% of the documents changed (a sentence added to each of their
 passages) and the same index_corpus.py command run again, against a build from scratch of the changed corpus: both
 timed as whole commands, the vectors the update kept compared bit for bit with the first build's, and the two
-indexes' hybrid top-10 for the DPR dev questions (--questions) compared. Writes index_<what>_cpu.json to --out.
+indexes' hybrid top-10 for the DPR dev questions (--questions) compared. With --retriever bm25, an index of BM25
+alone: its update against a rebuild, and the two indexes' BM25 top-10 (ids and scores) compared. Writes
+index_<what>_cpu.json to --out.
 """
 
 import argparse
@@ -242,9 +244,12 @@ def update(args) -> dict:
     meta = json.load(open(os.path.join(index, "index.json")))
     after = by_id(index)
     kept = [p["passage_id"] for p in rows if p["document"] not in changed]
-    retriever = Retriever(args.retriever, device="cpu")
     questions = [q["question"] for q in json.load(open(args.questions))]
-    a, b = (retriever.search(Index.load(d), questions, k=10, hybrid=True) for d in (index, rebuilt))
+    if args.retriever == "bm25":  # BM25 alone: its rankings of the two indexes
+        a, b = (bm25_hits(Index.load(d), questions) for d in (index, rebuilt))
+    else:
+        retriever = Retriever(args.retriever, device="cpu")
+        a, b = (retriever.search(Index.load(d), questions, k=10, hybrid=True) for d in (index, rebuilt))
     same = sum([h["passage_id"] for h in x] == [h["passage_id"] for h in y] for x, y in zip(a, b))
     gap = max(abs(h["score"] - g["score"]) for x, y in zip(a, b) for h, g in zip(x, y))
     return {"passages": len(rows), "documents": len(documents), "documents_changed": len(changed),
@@ -253,6 +258,11 @@ def update(args) -> dict:
             "update_share_of_rebuild": round(updated["seconds"] / rebuild["seconds"], 4),
             "kept_bit_for_bit": all(np.array_equal(before[k], after[k]) for k in kept), "kept": len(kept),
             "questions": len(questions), "same_top10_ids": same, "max_score_gap": gap}
+
+
+def bm25_hits(index, questions: list[str]) -> list[list[dict]]:
+    scores, ids, _, _ = index.bm25.search(questions, 10)
+    return index.hits(scores, ids)
 
 
 def main():
