@@ -256,7 +256,8 @@ def update(args) -> dict:
             "passages_changed": sum(p["document"] in changed for p in rows), "embedded_by_update": meta["embedded"],
             "first_build": first, "update": updated, "rebuild": rebuild,
             "update_share_of_rebuild": round(updated["seconds"] / rebuild["seconds"], 4),
-            "kept_bit_for_bit": all(np.array_equal(before[k], after[k]) for k in kept), "kept": len(kept),
+            "kept_bit_for_bit": all(np.array_equal(before[k], after[k]) for k in kept) if before else None,  # BM25
+            "kept": len(kept),
             "questions": len(questions), "same_top10_ids": same, "max_score_gap": gap}
 
 
