@@ -15,6 +15,12 @@ settings are tuned: docs/QA_SYSTEM.md; the numbers: docs/RESULTS.md):
       --questions questions.jsonl --no_answer_threshold -3.2 --output_dir outputs/qa-bm25
       BM25 instead of a trained retriever; JSON lines of {"id", "question"}; a threshold tuned before.
 
+  python qa_system.py --retriever bm25 --reader outputs/reader-squad --passages corpus.jsonl \
+      --questions nq-test.csv --validation_file nq-dev.jsonl --output_dir outputs/qa-nq
+      Questions labelled by answer strings without a paragraph (DPR's question<TAB>["answer", ...] files, or JSON
+      lines of {"id", "question", "answers": [...]}, [] for no answer): EM/F1 on the answer strings, recall@k by
+      the one answer matcher; no gold-paragraph row (said so), and the tuning's folds are folds of questions.
+
   accelerate launch qa_system.py ...      several processes: each answers its share of the questions.
 
 Skeleton: setup -> data (questions, the index of the corpus) -> answer (utils/system/question_set.py) -> measure (the
@@ -38,7 +44,8 @@ from utils.runtime.output_dir import OutputConfig, prepare_output_dir, publish_d
 from utils.runtime.process import finish, make_accelerator
 from utils.system.answer import AnswerSettings
 from utils.system.inputs import SystemConfig, build_system
-from utils.system.measure import gold_row, labelled, measured_ks, system_row, system_setting, timing, tuning_source
+from utils.system.measure import (ceiling_left_out, gold_row, labelled, measured_ks, system_row, system_setting,
+                                  timing, tuning_source)
 from utils.system.question_set import answer_all, load_inputs, read_gold, write_answers
 from utils.system.report import announce, report
 
@@ -70,15 +77,17 @@ def main(argv=None):
 
         # --- answer: the questions, and the validation questions where the settings are tuned on them ----
         retrieved, readings, times = answer_all(accelerator, system, questions, bands[-1], bands)
+        tuned = answer_settings.no_answer_threshold is None and validation is not None
+        left_out = ceiling_left_out(questions, validation, tuned)  # it needs the paragraphs
         gold = None  # each question's own paragraph read alone: the reader's ceiling
-        if labelled(questions) and all(q["context"] for q in questions):
+        if labelled(questions) and left_out is None:
             gold = read_gold(accelerator, system, questions)
         v_readings, v_gold, v_folds = None, None, None
-        if answer_settings.no_answer_threshold is None and validation is not None:
+        if tuned:
             k = bands[-1]  # read once at the largest k: each k's setting is tuned on its first k passages
             v_readings = readings if same_file else answer_all(accelerator, system, validation, k, [k])[1]
-            v_gold = gold if same_file else read_gold(accelerator, system, validation)
-            v_folds = cross_fit_folds(validation)
+            v_gold = gold if same_file or gold is None else read_gold(accelerator, system, validation)
+            v_folds = cross_fit_folds(validation)  # of whole articles; of questions where none is named
 
         # --- measure: each k's setting by the tuning policy (utils/system/measure.py), then what it scores --
         def setting(k, v_readings, fuse=True):
@@ -101,9 +110,10 @@ def main(argv=None):
                     "rule": normalization(system.shared_norm),
                     "unanswerable_share": answer_settings.unanswerable_share, "processes": accelerator.num_processes,
                     "precision": system.precisions, "precision_as_trained": config.mixed_precision is None,
-                    "k_note": clamped, "rows": rows, "gold_paragraphs": ceiling})
-    report(accelerator, rows, ceiling, f"threshold and weights: {source}; predictions.json at k={answered_k} in "
-                                       f"{args.output_dir}")
+                    "k_note": clamped, "rows": rows, "gold_paragraphs": ceiling,
+                    **({"gold_paragraphs_left_out": left_out} if left_out else {})})
+    report(accelerator, rows, ceiling, left_out,
+           f"threshold and weights: {source}; predictions.json at k={answered_k} in {args.output_dir}")
     finish(accelerator)
 
 
@@ -111,14 +121,17 @@ def main(argv=None):
 class QAArgs(OutputConfig):
     """The script's own flags: what to answer and measure, where the results go (OutputConfig's, shared); the system
     is SystemConfig's and the answer rule's settings are AnswerSettings'."""
-    questions: str = arg(None, "Questions to answer: SQuAD v1.1/v2.0 JSON (with answers the system is measured), or "
-                               "JSON lines of {id, question} (optionally context, answers). Every question needs an "
-                               "id.")
-    validation_file: Optional[str] = arg(None, "Labelled SQuAD JSON to tune the system's no-answer threshold and "
-                                               "weights on, for each number of passages read (instead of "
-                                               "--no_answer_threshold; each weight too unless given): the weight "
-                                               "cross-fitted over two folds of its whole articles, the threshold "
-                                               "on all of it.")
+    questions: str = arg(None, "Questions to answer: SQuAD v1.1/v2.0 JSON (with answers the system is measured), "
+                               "JSON lines of {id, question} (optionally context and answers {text, answer_start}), "
+                               "or labelled by answer strings without a paragraph: JSON lines of {id, question, "
+                               "answers: [str, ...]} ([] for no answer) or DPR's question<TAB>[answers] .csv/.tsv "
+                               "(ids: line numbers), measured on the strings. Every question needs an id.")
+    validation_file: Optional[str] = arg(None, "Labelled questions (any labelled layout of --questions) to tune the "
+                                               "system's no-answer threshold and weights on, for each number of "
+                                               "passages read (instead of --no_answer_threshold; each weight too "
+                                               "unless given): the weight cross-fitted over two folds of its whole "
+                                               "articles (of its questions where they name no title or paragraph), "
+                                               "the threshold on all of it.")
     eval_k: list[int] = field(default_factory=lambda: [1, 3, 5, 10], metadata={
         "help": "The numbers of passages read that the measurement reports (one retrieval, one reading, at the "
                 "largest; at most the corpus).", "nargs": "+"})

@@ -2,7 +2,13 @@
 EM/F1 (total, HasAns, NoAns) at each number k of passages read, the retriever's recall@k of an answer-bearing
 passage, the same reader's F1 on the gold paragraphs (the ceiling), and the system threshold tuned on labelled
 questions: the tuning policy (`system_setting`, `crossfitted`, from the `AnswerSettings` given) and the rows it is
-reported in."""
+reported in.
+
+Every score reads a question's answer texts only, so a question labelled by answer strings without a paragraph
+(DPR's NQ and TriviaQA files; utils.files.squad) is measured by the same functions as a SQuAD question with the
+same answers, and scores the same: EM/F1 by the official SQuAD v2 normalisation, the best over its answers, an
+unanswerable question's (no answers) only gold answer "" (utils.reader.metrics); recall by the one answer matcher.
+Only the ceiling needs the paragraphs (`ceiling_left_out`)."""
 
 import math
 from dataclasses import dataclass
@@ -11,7 +17,7 @@ import numpy as np
 
 from utils.errors import UserError
 from utils.files.answers import answer_patterns, holds_answer, normalized
-from utils.files.folds import cross_fit_folds
+from utils.files.folds import cross_fit_folds, fold_unit
 from utils.reader.metrics import best_null_threshold, squad_metrics
 from utils.system.answer import CLIP, AnswerSettings, answer, at_share, combine
 
@@ -22,7 +28,7 @@ def labelled(questions: list[dict]) -> bool:
 
 
 def references(questions: list[dict]) -> dict:
-    """{id: its answer texts} of labelled questions ([] for an unanswerable one)."""
+    """{id: its answer texts} of labelled questions ([] for an unanswerable one), with or without a paragraph."""
     return {q["id"]: q["answers"]["text"] for q in questions}
 
 
@@ -113,7 +119,13 @@ def scores(questions: list[dict], combined: list[dict], threshold: float | None)
 
 
 def recall(questions: list[dict], retrieved: list[list[dict]], k: int) -> float | None:
-    """Share (%) of the answerable questions with a passage among their first k that holds one of their answers."""
+    """Share (%) of the answerable questions with a passage among their first k that holds one of their answers:
+    DPR's top-k accuracy (its `has_answer`: an answer's tokens in the passage's, uncased) by the project's one answer
+    matcher (utils.files.answers: SQuAD-normalised whole tokens), so the labels a reader and a retriever train on and
+    the recall they are measured by agree, with a paragraph or without. Where the two rules part (punctuation inside
+    a word: DPR splits "Galileo's" into galileo ' s and finds "Galileo", the SQuAD normalisation makes it "galileos"
+    and does not; "U.S." holds "US" here only; articles are ignored here) is in docs/QA_SYSTEM.md. A question without
+    answers is left out (DPR's files have none; its has_answer would count one as never found)."""
     hits = [any(holds_answer(normalized(p["text"]), answer_patterns(q["answers"]["text"])) for p in passages[:k])
             for q, passages in zip(questions, retrieved) if q["answers"]["text"]]
     return 100.0 * sum(hits) / len(hits) if hits else None
@@ -215,15 +227,17 @@ def crossfitted(answer_settings: AnswerSettings, questions: list[dict], readings
 def tuning_source(answer_settings: AnswerSettings, validation_file: str | None, same_file: bool, folds,
                   tuned: bool) -> str:
     """Where the rows' thresholds and weights come from, as eval_results.json and qa_system.py's last line say
-    (`tuned`: tuned on validation readings; `same_file`: the validation questions are the questions scored)."""
+    (`tuned`: tuned on validation readings; `same_file`: the validation questions are the questions scored; the
+    folds named by what they keep whole: articles, or questions that name none, utils.files.folds)."""
+    unit = fold_unit([q for fold in folds for q in fold]) if folds else "articles"
     source = ("given" if answer_settings.no_answer_threshold is not None else
-              "tuned on this very file: an upper bound (crossfit: each half of its articles answered as tuned on "
+              f"tuned on this very file: an upper bound (crossfit: each half of its {unit} answered as tuned on "
               "the other)" if same_file and folds else
               "tuned on this very file: an upper bound (one article: no folds to cross-fit over)" if same_file else
               f"tuned on {validation_file}" if validation_file is not None else
               "the reader's recorded threshold")
     if tuned and answer_settings.retriever_weight is None:
-        source += ("; the weight cross-fitted over two folds of its articles" if folds else
+        source += (f"; the weight cross-fitted over two folds of its {unit}" if folds else
                    "; the weight tuned on it as a whole")
     return source
 
@@ -271,6 +285,20 @@ def gold_row(answer_settings: AnswerSettings, setting: Setting, questions: list[
                    at_threshold=core_scores(scores(questions, combined, setting.threshold)),
                    **({"not_moved": setting.not_moved} if setting.not_moved else {}))
     return row
+
+
+def ceiling_left_out(questions: list[dict], validation: list[dict] | None, tuned: bool) -> str | None:
+    """Why the gold-paragraph row (the reader's ceiling) cannot be measured, or None where it can (or there is
+    nothing to score): it reads each labelled question's own paragraph, and where the threshold is tuned on the
+    validation questions (`tuned`), reads theirs to tune its own threshold the same way."""
+    if not labelled(questions):
+        return None
+    if not all(q["context"] for q in questions):
+        return "left out: the questions do not all come with their paragraph (a 'context')"
+    if tuned and not all(q["context"] for q in validation):
+        return ("left out: its threshold is tuned on --validation_file's paragraphs, and those questions do not all "
+                "come with theirs")
+    return None
 
 
 def measured_ks(eval_k: list[int], k: int, passages: int) -> tuple[list[int], int, str | None]:

@@ -18,7 +18,8 @@ from utils.system.pipeline import QASystem, answer_of
 
 def load_inputs(questions_file: str, validation_file: str | None, max_questions: int | None) -> tuple:
     """(the questions, the validation questions or None, whether they are the same questions): the first
-    `max_questions` of `questions_file`; `validation_file` must be labelled."""
+    `max_questions` of `questions_file`; `validation_file` must be labelled (by SQuAD answers or answer strings:
+    utils.files.squad.load_questions, the one loader)."""
     questions = load_questions(questions_file, need_context=False)[:max_questions]
     validation = None
     if validation_file:
@@ -26,7 +27,7 @@ def load_inputs(questions_file: str, validation_file: str | None, max_questions:
         validation = questions if same_path else load_questions(validation_file, need_context=False)
         if not labelled(validation):
             raise UserError(f"{validation_file}: the threshold is tuned on labelled questions (SQuAD JSON with "
-                            "answers)")
+                            "answers, or questions with their answer strings)")
     return questions, validation, validation is not None and fingerprint(validation) == fingerprint(questions)
 
 

@@ -13,12 +13,12 @@ def announce(accelerator, system, bands: list[int], clamped: str | None, as_trai
                       + (f"\nqa: {clamped}" if clamped else ""))
 
 
-def report(accelerator, rows: list[dict], ceiling: dict | None, last: str) -> None:
-    """The table as the run ends: a line per k, the ceiling, then `last`."""
+def report(accelerator, rows: list[dict], ceiling: dict | None, left_out: str | None, last: str) -> None:
+    """The table as the run ends: a line per k, the ceiling (or why it is left out), then `last`."""
     for row in rows:
         accelerator.print(_line(row))
-    if ceiling:
-        accelerator.print("gold paragraphs (the ceiling): " + _line(ceiling))
+    if ceiling or left_out:
+        accelerator.print("gold paragraphs (the ceiling): " + (_line(ceiling) if ceiling else left_out))
     accelerator.print(last)
 
 
