@@ -16,6 +16,10 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
 
   curl -s localhost:8000/ask -H 'content-type: application/json' -d '{"question": "Who designed the lighthouse?"}'
 
+  An --index built from a folder (index_corpus.py --documents) gives each answer a link to its document, which the
+  server serves read-only from that folder only: GET /documents/NAME?passage=P (a PDF as the file, at #page=N; any
+  other document as its text with the passage highlighted; utils/system/documents.py).
+
   index_corpus.py run again on the --index (documents added, changed or removed): the server sees the new manifest
   within --index_check_seconds, loads the new version beside the one serving and swaps it in between passes: no
   request fails, and each is answered from one version (/health gives "index_version" and "reloads"). A version
