@@ -93,12 +93,11 @@ def main():
     try:
         wait_until(ready)
         for trial in range(args.trials):
-            word = f"Zorvex{trial}quill"
+            word = f"Zorvex{'abcdefghijklmnopqrstuvwxyz'[trial % 26]}{trial}quill"  # a word no other document has
             with open(os.path.join(docs, f"trial-{trial}.txt"), "w", encoding="utf-8") as f:
-                f.write(f"The lighthouse keeper's password in trial {trial} was {word}.\n")
+                f.write(f"{word} is the name of the lighthouse keeper's dog.\n")
             t0 = time.perf_counter()
-            wait_until(lambda: any(word in text for text in ask(url, f"What was the keeper's password in trial "
-                                                                      f"{trial}?")))
+            wait_until(lambda: any(word in text for text in ask(url, f"Whose dog is {word}?")))
             seconds.append(round(time.perf_counter() - t0, 3))
             print(f"trial {trial}: {seconds[-1]} s", flush=True)
     finally:
