@@ -20,6 +20,11 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
   server serves read-only from that folder only: GET /documents/NAME?passage=P (a PDF as the file, at #page=N; any
   other document as its text with the passage highlighted; utils/system/documents.py).
 
+  Under each answer the page has buttons to label it (right, wrong, the answer is this selected span, no passage
+  shown answers it): the same as `POST /feedback`, listed by `GET /feedback?after=ID&limit=N`, kept in
+  --feedback_db (a SQLite file; a PostgreSQL URL where several servers share it). On any --host but loopback,
+  /feedback needs the token of --feedback_token_file or QA_AMP_FEEDBACK_TOKEN (`Authorization: Bearer TOKEN`).
+
   index_corpus.py run again on the --index (documents added, changed or removed): the server sees the new manifest
   within --index_check_seconds, loads the new version beside the one serving and swaps it in between passes: no
   request fails, and each is answered from one version (/health gives "index_version" and "reloads"). A version
@@ -43,6 +48,8 @@ import sys
 import uvicorn
 
 from utils.errors import UserError, exit_on_user_error
+from utils.feedback.access import FeedbackAccess, read_token
+from utils.feedback.store import FeedbackConfig, FeedbackStore
 from utils.files.corpus import load_passages
 from utils.index.index import Index
 from utils.runtime.flags import parse_args
@@ -55,10 +62,11 @@ from utils.system.server import ServeArgs, ServerState, create_app
 logger = logging.getLogger("qa-amp")
 
 
-FLAGS = (SystemConfig, AnswerSettings, ServeArgs, Limits)
+FLAGS = (SystemConfig, AnswerSettings, ServeArgs, Limits, FeedbackConfig)
 
 
-def resolve(config: SystemConfig, answer_settings: AnswerSettings, args: ServeArgs, limits: Limits):
+def resolve(config: SystemConfig, answer_settings: AnswerSettings, args: ServeArgs, limits: Limits,
+            feedback: FeedbackConfig):
     """The checks across the parsed configs, once, as qa_system.py's resolve does for its own."""
     if config.k > limits.max_k or limits.max_k > 100:
         raise UserError(f"--k ({config.k}) must be at most --max_k ({limits.max_k}), and --max_k at most 100")
@@ -66,14 +74,16 @@ def resolve(config: SystemConfig, answer_settings: AnswerSettings, args: ServeAr
     if limits.max_questions_per_request > args.max_batch and args.max_batch > 1:
         raise UserError(f"--max_questions_per_request ({limits.max_questions_per_request}) must fit in one pass "
                         f"(--max_batch {args.max_batch})")
-    return config, answer_settings, args, limits
+    return config, answer_settings, args, limits, feedback
 
 
 @exit_on_user_error
 def main(argv=None):
     # --- setup: check everything, and take the port, before anything is loaded ------------------------
-    config, answer_settings, args, limits = resolve(*parse_args(FLAGS, argv))
+    config, answer_settings, args, limits, feedback = resolve(*parse_args(FLAGS, argv))
+    access = FeedbackAccess(args.host, read_token(feedback.feedback_token_file))
     sock = listening_socket(args.host, args.port)
+    store = FeedbackStore(feedback.feedback_db)  # the users' labels: opened (created) now, a bad one is one line
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     failure = []
 
@@ -88,7 +98,7 @@ def main(argv=None):
 
     threshold = "recorded" if answer_settings.no_answer_threshold is None else answer_settings.no_answer_threshold
     watch = IndexWatch(config.index) if config.index else None  # before the load: an update during it is seen
-    app = create_app(ServerState(load_system, args, limits, config.k, threshold, watch, on_load_failure))
+    app = create_app(ServerState(load_system, args, limits, config.k, threshold, watch, on_load_failure, store, access))
 
     # --- serve: SIGTERM/SIGINT stop taking requests and drain the ones in flight -------------------------
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",

@@ -32,6 +32,7 @@ from utils.errors import UserError
 from utils.reader.decoding import MODEL_INPUTS, apply_null_threshold, decode_examples, span_logits
 from utils.reader.windows import prepare_windows
 from utils.runtime.batching import pad_batch
+from utils.runtime.model_fingerprint import model_fingerprint
 from utils.runtime.settings_file import SettingsFile
 
 logger = logging.getLogger("qa-amp")
@@ -190,6 +191,7 @@ class Reader:
         windows of similar lengths (faster; the default batches them in order, as the training run's evaluation
         does, so that the logits, not only the answers, are the same)."""
         check_reader_dir(model_dir)
+        self.model_dir, self._fingerprint = model_dir, None
         recorded = ReaderSettings.load(model_dir)
         self.settings = recorded or ReaderSettings()  # none recorded: threshold 0
         self.recorded = recorded is not None
@@ -203,6 +205,14 @@ class Reader:
         self.model = load_qa_model(model_dir).to(self.device).eval()
         self.batch_size, self.sort_by_length = batch_size, sort_by_length
         self.autocast = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.mixed_precision]
+
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the reader's directory (utils.runtime.model_fingerprint): which reader gave an answer."""
+        if self._fingerprint is None:
+            self._fingerprint = model_fingerprint(self.model_dir)
+        return self._fingerprint
 
     def answer(self, pairs) -> list[dict]:
         """For each (question, context): {"answer" ("" = no answer), "score" (start+end logit of the best span),

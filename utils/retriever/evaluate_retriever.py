@@ -16,8 +16,9 @@ from utils.index.index import Index
 from utils.retriever.bi_encoder import bi_encoder_of
 from utils.retriever.config import EncoderConfig, LossConfig, RetrieverEvaluationConfig
 from utils.retriever.evaluation import EvaluationData, RetrievalEvaluation
-from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings, encoder_fingerprint
+from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings
 from utils.runtime.flags import as_recorded
+from utils.runtime.model_fingerprint import model_fingerprint
 from utils.runtime.output_dir import publish_dir
 from utils.runtime.process import bare_model, finish
 
@@ -55,7 +56,7 @@ def evaluate_retriever(accelerator, model_dir: str, output_dir: str, encoders: E
     if corpus.index:  # this process's share of the shards, checked against the retriever being evaluated
         index = Index.load(corpus.index, share=(accelerator.process_index, accelerator.num_processes))
         encoder = os.path.join(model_dir, QUERY_ENCODER if settings.shared_encoder else PASSAGE_ENCODER)
-        index.check_encoder(os.path.abspath(model_dir), settings, encoder_fingerprint(encoder),
+        index.check_encoder(os.path.abspath(model_dir), settings, model_fingerprint(encoder),
                             bare_model(accelerator, model).query_encoder.config.hidden_size, corpus.index)
         index_shards, indexed, index_precision = index.shards, index.count, index.built_by["precision"]
     evaluation = RetrievalEvaluation(accelerator, encoders, config, q_tok, p_tok, data, batch_size, train_batch_size,

@@ -23,7 +23,8 @@ from utils.index.writer import index_for_run
 from utils.retriever.bi_encoder import load_bi_encoder
 from utils.retriever.encoding import encode_texts, load_tokenizers, tokenize_passages, tokenize_questions
 from utils.retriever.sentence_windows import sentence_windows
-from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings, encoder_fingerprint
+from utils.retriever.settings import PASSAGE_ENCODER, QUERY_ENCODER, RetrieverSettings
+from utils.runtime.model_fingerprint import model_fingerprint
 from utils.search.bm25 import BM25
 from utils.search.hits import check_k
 from utils.search.vectors import Vectors
@@ -73,7 +74,7 @@ class Retriever:
     def fingerprint(self) -> str:
         """What identifies this retriever's passage vectors: recorded in every index it builds, checked on search."""
         if self._fingerprint is None:
-            self._fingerprint = encoder_fingerprint(self.passage_encoder_dir)
+            self._fingerprint = model_fingerprint(self.passage_encoder_dir)
         return self._fingerprint
 
     def built_by(self) -> dict:

@@ -6,7 +6,6 @@ ranks another way than the one trained and measured: a sentence-trained encoder 
 rank a passage by its best one, questions must be cut at the same length, and the hybrid needs its dense weight.
 """
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -62,19 +61,3 @@ class RetrieverSettings(SettingsFile):
             if not os.path.isfile(os.path.join(directory, side, "config.json")):
                 raise UserError(f"{directory}: {side}/ is missing or holds no model")
         return settings
-
-
-def encoder_fingerprint(directory: str) -> str:
-    """A hash of every file of an encoder directory (weights, tokenizer, pooling): what identifies the vectors it
-    makes, so that an index is never searched with another encoder's vectors, nor with a retriever retrained into
-    the same directory."""
-    h = hashlib.blake2b(digest_size=16)
-    for root, dirs, files in os.walk(directory):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            h.update(os.path.relpath(path, directory).encode() + b"\0")
-            with open(path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 22), b""):
-                    h.update(chunk)
-    return h.hexdigest()

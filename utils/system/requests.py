@@ -128,16 +128,24 @@ def install_error_handlers(app: FastAPI) -> None:
 
 async def invalid(request: Request, exc: RequestValidationError):
     first = exc.errors()[0]
-    loc = [x for x in first.get("loc", ()) if x != "body"]
-    field = str(loc[0]) if loc and first.get("type") != "json_invalid" else "body"
+    loc = [x for x in first.get("loc", ()) if x not in ("body", "query")]
+    if first.get("type") == "json_invalid" or not loc:
+        field = "body"
+    elif request.url.path == "/ask":
+        field = str(loc[0])
+    else:  # a nested field by its path, such as span.start or passages[0].position
+        field = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in loc).lstrip(".")
     if first.get("type") == "json_invalid":
-        message = f"malformed JSON: send {EXAMPLE}"
+        message = f"malformed JSON: send {EXAMPLE}" if request.url.path == "/ask" else "malformed JSON"
     elif first.get("type") == "extra_forbidden":
-        message = "not a field of /ask (it takes question, k and unanswerable_share)"
+        message = f"not a field of {request.url.path}" + (" (it takes question, k and unanswerable_share)"
+                                                          if request.url.path == "/ask" else "")
     elif first.get("type") == "missing" and field != "body":
         message = "missing"
-    else:
+    elif request.url.path == "/ask":
         message = FIELD_TYPES.get(field, first.get("msg", "invalid"))
+    else:
+        message = first.get("msg", "invalid")
     return JSONResponse({"error": f"{field}: {message}", "field": field}, status_code=422)
 
 async def refused(request: Request, exc: HTTPException):

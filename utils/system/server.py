@@ -1,4 +1,5 @@
-"""The QA system over HTTP (FastAPI): `POST /ask`, `GET /health`, the page at `GET /`, OpenAPI docs at `/docs`.
+"""The QA system over HTTP (FastAPI): `POST /ask`, `GET /health`, the page at `GET /`, OpenAPI docs at `/docs`, and
+the users' labels of its answers: `POST /feedback`, `GET /feedback` (utils.feedback).
 
 The app's state is one object, `ServerState`: the system serving, the batcher that answers in passes, the index it
 watches, what the server was started with. It loads the models and the index once, on a thread of its own, so that
@@ -17,10 +18,14 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Header
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
 
 from utils.errors import UserError, check_at_least_one
+from utils.feedback.access import FeedbackAccess
+from utils.feedback.labels import FeedbackRequest, label_of
+from utils.feedback.store import FeedbackStore, one_line
 from utils.files.questions import QuestionError
 from utils.reader.trained import normalization
 from utils.runtime.flags import arg
@@ -58,11 +63,12 @@ class ServeArgs:
             raise UserError(f"--port {self.port}: not a port")
 
 
-def public(a: dict, settings: dict, documents: list[str] | None = None) -> dict:
+def public(a: dict, settings: dict, documents: list[str] | None = None, index_version: int | None = None) -> dict:
     """One answer of `QASystem.ask` as the API returns it: the answer (None when the system abstains) with its
     score, passage and character offsets, its probability of no answer, the passages read with their retrieval
-    scores, and the `settings` it was made with. Where the index was built from `documents`, each source carries the
-    link to its document (utils.system.documents)."""
+    scores and positions in the index, the index's version, and the `settings` it was made with (a label of the
+    answer, POST /feedback, gives back the version and positions). Where the index was built from `documents`, each
+    source carries the link to its document (utils.system.documents)."""
     positions = {p["passage_id"]: p.get("position") for p in a["passages"]}
 
     def source(s, position):
@@ -72,8 +78,10 @@ def public(a: dict, settings: dict, documents: list[str] | None = None) -> dict:
     return {"answer": a["answer"] or None, "score": a["score"], "passage_id": a["passage_id"], "title": a["title"],
             "text": a["text"], "source": source(a["source"], positions.get(a["passage_id"])), "start": a["start"],
             "end": a["end"], "no_answer_probability": a["no_answer_probability"], "settings": settings,
+            "index_version": index_version,
             "passages": [{"passage_id": p["passage_id"], "title": p["title"], "text": p["text"], "score": p["score"],
-                          "source": source(p.get("source"), p.get("position"))} for p in a["passages"]]}
+                          "position": p["position"], "source": source(p.get("source"), p.get("position"))}
+                         for p in a["passages"]]}
 
 
 def answered_with(system, threshold, unanswerable_share="system") -> dict:
@@ -94,12 +102,14 @@ class ServerState:
 
     `load_system()` builds the QASystem (once, on the loading thread); `threshold`: QASystem.ask's; `k`: the
     passages a request reads when it does not say; `on_load_failure(message)`: what to do when loading fails;
-    `watch`: the index to reload when it gets a new version (utils.system.reload)."""
+    `watch`: the index to reload when it gets a new version (utils.system.reload); `feedback`: the store of the
+    labels users give (utils.feedback.store), `access` who may use it (utils.feedback.access)."""
 
     def __init__(self, load_system, args: ServeArgs, limits: Limits, k: int, threshold="recorded",
-                 watch: IndexWatch | None = None, on_load_failure=None):
+                 watch: IndexWatch | None = None, on_load_failure=None, feedback: FeedbackStore | None = None,
+                 access: FeedbackAccess | None = None):
         self.load_system, self.args, self.limits, self.k, self.threshold = load_system, args, limits, k, threshold
-        self.watch, self.on_load_failure = watch, on_load_failure
+        self.watch, self.on_load_failure, self.feedback, self.access = watch, on_load_failure, feedback, access
         self.system, self.error, self.reloads, self.started = None, None, 0, time.time()
         self.batcher = Batcher(self.answer_many, args.max_batch, args.max_wait_ms / 1000)
 
@@ -108,8 +118,9 @@ class ServerState:
         system = self.system  # taken once: the whole pass is answered from this system and its index
         settings = {share: answered_with(system, self.threshold, share) for share in set(shares)}
         answers = system.ask(questions, ks, threshold=self.threshold, unanswerable_share=shares)
-        documents = system.index.documents if system.index is not None else None
-        return [public(a, settings[share], documents) for a, share in zip(answers, shares)]
+        documents, version = (system.index.documents, system.index.version) if system.index is not None else (None,
+                                                                                                            None)
+        return [public(a, settings[share], documents, version) for a, share in zip(answers, shares)]
 
     def load(self) -> None:
         """The loading thread: the system, then the index watched every --index_check_seconds."""
@@ -172,6 +183,50 @@ class ServerState:
             return FileResponse(path, media_type=media_type(path))
         return HTMLResponse(document_view(index, name, passage))
 
+    def feedback_refused(self, authorization: str | None):
+        """/feedback's answer when it cannot be used: 404 without a store, 401 without the token it needs."""
+        if self.feedback is None:
+            return JSONResponse({"error": "this server keeps no feedback", "field": None}, status_code=404)
+        why = self.access.refusal(authorization)
+        if why:
+            return JSONResponse({"error": why, "field": None}, status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
+        return None
+
+    async def give_feedback(self, body: FeedbackRequest, authorization: str | None):
+        """POST /feedback: the label checked against the index serving (utils.feedback.labels), then written in one
+        transaction (off the event loop: /ask goes on meanwhile); 201 with the label as stored."""
+        refused = self.feedback_refused(authorization)
+        if refused is not None:
+            return refused
+        system = self.system  # one version for the whole request, as a pass
+        if system is None:
+            return JSONResponse({"error": self.error or "the models are still loading", "field": None},
+                                status_code=503)
+        label = label_of(body, system, self.limits.max_k, self.limits.max_question_chars)
+        try:
+            stored = await asyncio.to_thread(self.feedback.add, label)
+        except SQLAlchemyError as err:  # the database is down or full: this request fails, the server serves on
+            logger.error("writing a label failed: %s", one_line(err))
+            return JSONResponse({"error": f"the feedback store failed: {one_line(err)}", "field": None},
+                                status_code=503)
+        return JSONResponse(stored, status_code=201)
+
+    async def list_feedback(self, after: int, limit: int, authorization: str | None):
+        """GET /feedback?after=ID&limit=N: the labels written after label ID, in order, N at most (1 to 1000); "next"
+        is the `after` of the next page (None at the end), "total" how many there are."""
+        refused = self.feedback_refused(authorization)
+        if refused is not None:
+            return refused
+        if not 1 <= limit <= 1000:
+            raise BadRequest("limit", f"must be between 1 and 1000 (got {limit})")
+        try:
+            labels, total = await asyncio.to_thread(self.feedback.page, after, limit)
+        except SQLAlchemyError as err:
+            return JSONResponse({"error": f"the feedback store failed: {one_line(err)}", "field": None},
+                                status_code=503)
+        return {"labels": labels, "total": total, "next": labels[-1]["id"] if len(labels) == limit else None}
+
     async def ask(self, body: AskRequest):
         """/ask: the request checked, then answered in the batcher's next pass."""
         questions, k = check_request(body, self.limits, self.k)
@@ -217,6 +272,14 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/ask")
     async def ask(body: AskRequest):
         return await state.ask(body)
+
+    @app.post("/feedback", status_code=201)
+    async def feedback(body: FeedbackRequest, authorization: str | None = Header(None)):
+        return await state.give_feedback(body, authorization)
+
+    @app.get("/feedback")
+    async def labels(after: int = 0, limit: int = 100, authorization: str | None = Header(None)):
+        return await state.list_feedback(after, limit, authorization)
 
     @app.get("/documents/{name:path}", include_in_schema=False)
     async def document(name: str, passage: int = -1, original: bool = False):
