@@ -26,10 +26,12 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
   /feedback needs the token of --feedback_token_file or QA_AMP_FEEDBACK_TOKEN (`Authorization: Bearer TOKEN`).
 
   index_corpus.py run again on the --index (documents added, changed or removed): the server sees the new manifest
-  within --index_check_seconds, loads the new version beside the one serving and swaps it in between passes: no
+  within --reload_check_seconds, loads the new version beside the one serving and swaps it in between passes: no
   request fails, and each is answered from one version (/health gives "index_version" and "reloads"). A version
   that is not whole (a file missing or cut short) is never swapped in: the one serving goes on, /health's
-  "index_failed" says which version and why, the log says it once.
+  "index_failed" says which version and why, the log says it once. The same for a reader train_reader.py
+  publishes into --reader again (fine-tuned on the labels): /health's "reader" (its fingerprint), "reader_reloads"
+  and "reader_failed"; the thresholds given as flags stay, the recorded one is the new reader's.
 
 Requests that arrive within --max_wait_ms of each other are answered in one pass (up to --max_batch questions):
 under load a pass is a batch, not one question (utils/system/batcher.py; benchmarks/serve_benchmark.py measures it).
@@ -54,8 +56,8 @@ from utils.files.corpus import load_passages
 from utils.index.index import Index
 from utils.runtime.flags import parse_args
 from utils.system.answer import AnswerSettings
-from utils.system.inputs import SystemConfig, build_system
-from utils.system.reload import IndexWatch
+from utils.system.inputs import SystemConfig, build_system, load_reader
+from utils.system.reload import IndexWatch, ReaderWatch
 from utils.system.requests import Limits
 from utils.system.server import ServeArgs, ServerState, create_app
 
@@ -97,8 +99,11 @@ def main(argv=None):
         os.kill(os.getpid(), signal.SIGTERM)
 
     threshold = "recorded" if answer_settings.no_answer_threshold is None else answer_settings.no_answer_threshold
-    watch = IndexWatch(config.index) if config.index else None  # before the load: an update during it is seen
-    app = create_app(ServerState(load_system, args, limits, config.k, threshold, watch, on_load_failure, store, access))
+    # watched from before the load: a version published during it is loaded next
+    watches = (*([IndexWatch(config.index)] if config.index else []),
+               ReaderWatch(config.reader, lambda directory: load_reader(config, directory)))
+    app = create_app(ServerState(load_system, args, limits, config.k, threshold, watches, on_load_failure, store,
+                                 access))
 
     # --- serve: SIGTERM/SIGINT stop taking requests and drain the ones in flight -------------------------
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",

@@ -3,7 +3,7 @@
     python benchmarks/watch_benchmark.py --reader outputs/reader --work /tmp/watch-benchmark
 
 The dev articles (--articles) as one text file each in a folder; `index_corpus.py --documents FOLDER --watch
---period` (BM25 alone, --retriever) keeps an index of it and `serve.py --index` (--index_check_seconds --check)
+--period` (BM25 alone, --retriever) keeps an index of it and `serve.py --index` (--reload_check_seconds --check)
 serves it. Then --trials times: a new file with a fact no other document holds is written, and /ask is polled (every
 50 ms) with a question on it until a passage read holds the fact: the seconds from the write. Prints the median, the
 fastest and the slowest; writes watch_cpu.json to --out. The expected median: about one watch period (the change
@@ -55,7 +55,7 @@ def main():
     p.add_argument("--retriever", default="bm25")
     p.add_argument("--articles", default=os.path.join(SHARED, "squad", "dev.json"))
     p.add_argument("--period", type=float, default=1.0, help="the watch's period, seconds")
-    p.add_argument("--check", type=float, default=1.0, help="the server's --index_check_seconds")
+    p.add_argument("--check", type=float, default=1.0, help="the server's --reload_check_seconds")
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--work", default="/tmp/watch-benchmark")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
@@ -78,7 +78,7 @@ def main():
     wait_until(lambda: os.path.exists(manifest) and json.load(open(manifest))["complete"])
     port = free_port()
     server = subprocess.Popen([sys.executable, "serve.py", "--retriever", args.retriever, "--reader", args.reader,
-                               "--index", index, "--index_check_seconds", str(args.check), "--port", str(port)],
+                               "--index", index, "--reload_check_seconds", str(args.check), "--port", str(port)],
                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
 

@@ -74,7 +74,7 @@ def test_qa_system_and_serve_read_a_bm25_index_as_the_passages_and_the_server_re
                       tmp_path / "dense", check=False)
     assert_user_error(proc, "an index of BM25 alone, without vectors: search it with --retriever bm25")
 
-    server = Server((reader, "bm25"), tmp_path, "--index", index, "--index_check_seconds", 0.2, passages=None)
+    server = Server((reader, "bm25"), tmp_path, "--index", index, "--reload_check_seconds", 0.2, passages=None)
     try:
         question = "Who kept the Fennick ferry log?"
         status, body = server.ask(question, k=1)

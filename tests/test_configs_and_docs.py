@@ -59,6 +59,7 @@ def flag_names(script) -> list[str]:
 
 
 def test_every_flag_is_declared_once_and_in_the_table_of_the_script_that_has_it():
+    import export_feedback
     import index_corpus
     import ingest_documents
     import make_dpr_data
@@ -67,7 +68,8 @@ def test_every_flag_is_declared_once_and_in_the_table_of_the_script_that_has_it(
     import train_dpr
     import train_reader
 
-    scripts = (train_reader, train_dpr, qa_system, serve, index_corpus, ingest_documents, make_dpr_data)
+    scripts = (train_reader, train_dpr, qa_system, serve, index_corpus, ingest_documents, make_dpr_data,
+               export_feedback)
     for script in scripts:  # one declaration per setting: no two of a script's configs share a field
         assert len(set(flag_names(script))) == len(flag_names(script)), script.__name__
     tables = flag_tables(open(f"{ROOT}/docs/FLAGS.md").read())
@@ -80,7 +82,8 @@ def test_every_flag_is_declared_once_and_in_the_table_of_the_script_that_has_it(
             "Server flags (`serve.py`, its own):": set(flag_names(serve)),
             "Index flags (`index_corpus.py`, its own):": set(flag_names(index_corpus)),
             "Documents to passages flags (`ingest_documents.py`, its own):": set(flag_names(ingest_documents)),
-            "SQuAD -> DPR converter flags (`make_dpr_data.py`, its own):": set(flag_names(make_dpr_data))}
+            "SQuAD -> DPR converter flags (`make_dpr_data.py`, its own):": set(flag_names(make_dpr_data)),
+            "Feedback export flags (`export_feedback.py`, its own):": set(flag_names(export_feedback))}
     assert {intro: sorted(tables.get(intro, [])) for intro in want} == {k: sorted(v) for k, v in want.items()}
 
 
@@ -122,6 +125,7 @@ def test_no_line_of_the_projects_python_is_over_120_characters():
 def test_a_flag_the_scripts_share_is_declared_once():
     """--passages was declared 4 times, --index, --retriever, --output_dir and --overwrite_output_dir 3 times each,
     each with its own help: one declaration now, in the config the scripts share (issue 59)."""
+    import export_feedback
     import index_corpus
     import qa_system
     import serve
@@ -129,7 +133,7 @@ def test_a_flag_the_scripts_share_is_declared_once():
     import train_reader
 
     declared = {}
-    for script in (train_reader, train_dpr, qa_system, serve, index_corpus):
+    for script in (train_reader, train_dpr, qa_system, serve, index_corpus, export_feedback):
         for cls in script.FLAGS:
             for base in cls.__mro__:
                 for name in base.__dict__.get("__annotations__", {}):
@@ -152,11 +156,13 @@ def test_a_renamed_flag_keeps_its_old_spelling_and_says_the_new_name_once(capsys
     (args, config, _) = parse_args(qa_system.FLAGS, ["--questions", f"{ROOT}/data/sample/dev.json", *corpus,
                                                      "--top_k", "3"])
     assert config.k == 3
-    (config, _, _, limits) = parse_args(serve.FLAGS, [*corpus, "--max_questions", "4"])
-    assert limits.max_questions_per_request == 4
+    (config, _, args, limits, _) = parse_args(serve.FLAGS, [*corpus, "--max_questions", "4",
+                                                            "--index_check_seconds", "2"])
+    assert limits.max_questions_per_request == 4 and args.reload_check_seconds == 2
     (convert,) = parse_args(make_dpr_data.FLAGS, ["a.json", "b.json", "--out", "dpr.json"])
     assert convert.output == "dpr.json" and convert.squad_files == ["a.json", "b.json"]
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
     assert notes == ["note: --top_k is now --k (the old spelling still works)",
+                     "note: --index_check_seconds is now --reload_check_seconds (the old spelling still works)",
                      "note: --max_questions is now --max_questions_per_request (the old spelling still works)",
                      "note: --out is now --output (the old spelling still works)"]

@@ -20,7 +20,7 @@ from conftest import ROOT, SAMPLE, assert_user_error, free_port, run_script
 from serve import ServeArgs
 from tolerance import assert_answered_alike, assert_ranked_alike
 from utils.errors import UserError
-from utils.reader.trained import ReaderSettings
+from utils.reader.trained import Reader, ReaderSettings
 from utils.files.questions import question_list
 from utils.files.squad import load_questions
 from utils.system.pipeline import QASystem
@@ -39,7 +39,9 @@ class Server:
         self.log = open(tmp_path / f"serve-{self.port}.log", "w+")
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(ROOT, "serve.py"), "--retriever", retriever, "--reader", reader,
-             *(["--passages", passages] if passages else []), "--port", str(self.port), *map(str, extra)],
+             *(["--passages", passages] if passages else []), "--port", str(self.port),
+             *([] if "--feedback_db" in extra else ["--feedback_db", tmp_path / f"feedback-{self.port}.sqlite"]),
+             *map(str, extra)],
             cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.time() + 120
         while True:
@@ -144,7 +146,7 @@ def test_each_answer_gives_its_no_answer_probability_and_the_settings_that_made_
         assert got["no_answer_probability"] == pytest.approx(want["no_answer_probability"], rel=1e-5, abs=1e-5)
         assert got["settings"] == {"no_answer_threshold": ReaderSettings.load(trained_models[0]).null_threshold,
                                    "unanswerable_share": None, "calibrated": True, "rule": "window",
-                                   "retriever_weight": 0.0}
+                                   "retriever_weight": 0.0, "reader": Reader.files_fingerprint(trained_models[0])}
 
 
 def test_a_request_that_gives_the_share_is_answered_at_its_moved_cut(server, expected, trained_models, passages):
@@ -380,7 +382,7 @@ def test_an_updated_index_is_picked_up_with_no_failed_request_each_answered_from
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
     build = ["--retriever", trained_models[1], "--passages", corpus, "--output_dir", index]
     run_script("index_corpus.py", *build)
-    s = Server(trained_models, tmp_path, "--index", index, "--index_check_seconds", 0.2, passages=None)
+    s = Server(trained_models, tmp_path, "--index", index, "--reload_check_seconds", 0.2, passages=None)
     try:
         assert s.get("/health")[1]["index_version"] == 1
         seen, stop = [], threading.Event()

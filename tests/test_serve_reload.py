@@ -6,17 +6,21 @@ version, then picks up the good version 2 when it is published."""
 import json
 import os
 import shutil
+import threading
 import time
 
 import numpy as np
 import pytest
 
 from conftest import SAMPLE, run_script
-from test_serve import Server
+from test_serve import Server, answered_alike
 from utils.errors import UserError
 from utils.files.corpus import load_passages
 from utils.index.index import Index
+from utils.reader.trained import Reader
+from utils.runtime.output_dir import staged_directory, write_marker
 from utils.search.bm25 import BM25
+from utils.system.pipeline import QASystem
 
 SHARD = "shard-00000"
 
@@ -103,7 +107,7 @@ def test_a_damaged_version_is_not_swapped_in_health_says_why_the_log_once_and_a_
     rows, original, updated = versions
     index = tmp_path / "index"
     shutil.copytree(original, index)
-    s = Server(trained_models, tmp_path, "--index", index, "--index_check_seconds", 0.2, passages=None)
+    s = Server(trained_models, tmp_path, "--index", index, "--reload_check_seconds", 0.2, passages=None)
 
     def answered_from(version):
         status, body = s.ask(["Who designed the Corran lighthouse?", "When was the loom built?"], k=5)
@@ -157,4 +161,79 @@ def test_a_damaged_version_is_not_swapped_in_health_says_why_the_log_once_and_a_
         answered_from(2)
         assert failures_logged() == 2 and "reloaded the index" in s.output()
     finally:
+        s.stop()
+
+
+def test_a_reader_published_again_is_swapped_in_between_passes_and_a_damaged_one_never(trained_models,
+                                                                                      shared_reader_dir, tmp_path):
+    """train_reader.py publishing into the --reader directory of a running server (a reader fine-tuned on the
+    labels): the new reader is loaded beside the one serving and swapped in between passes: every request under
+    way is answered (200), each by one reader (its answers' settings name it, and are that reader's), /health names
+    the reader serving; a reader whose weights are cut short is never swapped in, /health says why."""
+    first, second = trained_models[0], shared_reader_dir
+    reader = tmp_path / "reader"
+    shutil.copytree(first, reader)
+    s = Server((str(reader), trained_models[1]), tmp_path, "--reload_check_seconds", 0.2)
+    questions = ["Who designed the Corran lighthouse?", "When was the loom built?", "What did the ferry carry?"]
+    expected = {Reader.files_fingerprint(d): QASystem(trained_models[1], d, passages=f"{SAMPLE}/dpr_passages.jsonl",
+                                                      device="cpu").ask(questions, k=3) for d in (first, second)}
+    seen, stop = [], threading.Event()
+
+    def ask_all_along():
+        while not stop.is_set():
+            seen.append(s.ask(questions, k=3))
+
+    def publish_reader(source, damage=None):  # as train_reader.py publishes: a directory swapped in whole
+        with staged_directory(str(reader)) as staging:
+            for name in os.listdir(source):
+                if os.path.isfile(os.path.join(source, name)):
+                    shutil.copyfile(os.path.join(source, name), os.path.join(staging, name))
+            if damage:
+                damage(staging)
+            write_marker(staging, "train_reader.py", "published")
+
+    clients = [threading.Thread(target=ask_all_along) for _ in range(2)]
+    try:
+        assert s.get("/health")[1]["reader"] == Reader.files_fingerprint(first)
+        for c in clients:
+            c.start()
+        time.sleep(0.5)
+        publish_reader(second)
+        deadline = time.time() + 60
+        while s.get("/health")[1]["reader"] != Reader.files_fingerprint(second):
+            assert time.time() < deadline, s.output()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        stop.set()
+        for c in clients:
+            c.join()
+        assert all(status == 200 for status, _ in seen), [b for status, b in seen if status != 200][:1]
+        by = [{a["settings"]["reader"] for a in body["answers"]} for _, body in seen]
+        assert all(len(readers) == 1 for readers in by)  # each request answered by one reader
+        order = [readers.pop() for readers in by]
+        assert order[0] == Reader.files_fingerprint(first) and order[-1] == Reader.files_fingerprint(second)
+        assert order == sorted(order, key=lambda f: f == Reader.files_fingerprint(second))  # swapped once
+        directory = {Reader.files_fingerprint(d): d for d in (first, second)}
+        for (_, body), fingerprint in zip(seen, order):  # each as its reader answers
+            assert {a["settings"]["rule"] for a in body["answers"]} == {"question" if directory[fingerprint] == second
+                                                                        else "window"}
+            for got, want in zip(body["answers"], expected[fingerprint]):
+                answered_alike(got, want, (directory[fingerprint],))
+        health = s.get("/health")[1]
+        assert health["reader_reloads"] == 1 and health["reader_failed"] is None
+
+        cut_weights = lambda d: cut(os.path.join(d, "model.safetensors"), -100)  # noqa: E731
+        publish_reader(first, damage=cut_weights)
+        deadline = time.time() + 60
+        while s.get("/health")[1]["reader_failed"] is None:
+            assert time.time() < deadline, s.output()
+            time.sleep(0.1)
+        health = s.get("/health")[1]
+        assert health["reader"] == Reader.files_fingerprint(second) and health["reader_reloads"] == 1, health
+        assert "model.safetensors" in health["reader_failed"]["error"] or "safetensors" in \
+            health["reader_failed"]["error"].lower(), health
+        status, body = s.ask(questions, k=3)
+        assert status == 200 and {a["settings"]["reader"] for a in body["answers"]} == {order[-1]}
+    finally:
+        stop.set()
         s.stop()

@@ -39,6 +39,9 @@ logger = logging.getLogger("qa-amp")
 
 
 SETTINGS_FILE = "reader_settings.json"
+# What a run writes beside the reader that does not change how it answers (its fingerprint leaves them out), with
+# hidden entries (the run marker, a publication's staging) and subfolders (checkpoints, the best model)
+RUN_RESULTS = ("eval_results.json", "predictions.json", "nbest.json", "null_scores.json", "train_log.jsonl")
 # Heads older versions could train, by their prefix in model.safetensors: DPR's passage selection and an
 # answerability verifier (its weight against the null score was "verifier_weight" in reader_settings.json). Neither
 # scores spans, so their weights are ignored: a reader trained with one reads the same spans without it.
@@ -209,10 +212,16 @@ class Reader:
 
     @property
     def fingerprint(self) -> str:
-        """A hash of the reader's directory (utils.runtime.model_fingerprint): which reader gave an answer."""
+        """Which reader gave an answer: a hash of its model's files (`files_fingerprint`)."""
         if self._fingerprint is None:
-            self._fingerprint = model_fingerprint(self.model_dir)
+            self._fingerprint = self.files_fingerprint(self.model_dir)
         return self._fingerprint
+
+    @staticmethod
+    def files_fingerprint(model_dir: str) -> str:
+        """A hash of the files of `model_dir` that make the reader answer as it does (weights, tokenizer, settings),
+        not of its run's results, logs and checkpoints (utils.runtime.model_fingerprint)."""
+        return model_fingerprint(model_dir, lambda path: os.sep in path or path.startswith(".") or path in RUN_RESULTS)
 
     def answer(self, pairs) -> list[dict]:
         """For each (question, context): {"answer" ("" = no answer), "score" (start+end logit of the best span),

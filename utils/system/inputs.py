@@ -42,6 +42,13 @@ class SystemConfig(RankedCorpusConfig, InferenceConfig):
         check_at_least_one(self, "k")
 
 
+def load_reader(config: SystemConfig, directory: str, device: str | None = None) -> Reader:
+    """The reader in `directory` as the system runs it (`config`'s batch size and precision): --reader at the start,
+    a new reader published into it at serve.py's reload."""
+    return Reader(directory, device=device, batch_size=config.batch_size, mixed_precision=config.mixed_precision,
+                  sort_by_length=True)
+
+
 def build_system(config: SystemConfig, answer_settings: AnswerSettings, accelerator=None,
                  passages: list[dict] | None = None, index: Index | None = None, index_dir: str | None = None,
                  progress: bool = True) -> QASystem:
@@ -56,8 +63,7 @@ def build_system(config: SystemConfig, answer_settings: AnswerSettings, accelera
     # None: a GPU if any
     device = None if accelerator is None else "cuda" if accelerator.device.type == "cuda" else "cpu"
     progress = progress and main
-    reader = Reader(config.reader, device=device, batch_size=config.batch_size, mixed_precision=config.mixed_precision,
-                    sort_by_length=True)
+    reader = load_reader(config, config.reader, device)
     if config.retriever == "bm25":  # the passages given, or an index with its BM25 (index_corpus.py --retriever bm25)
         return QASystem("bm25", reader, passages=passages, index=None if passages is not None else index,
                         progress=progress, retriever_weight=weight, calibration=calibration,

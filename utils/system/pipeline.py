@@ -81,6 +81,13 @@ class QASystem:
         other.index, other.passages = index, index.passages
         return other
 
+    def with_reader(self, reader: Reader) -> "QASystem":
+        """This system with another reader (a new one published into its directory: serve.py's reload), the index and
+        the retriever shared."""
+        other = copy.copy(self)
+        other.reader = reader
+        return other
+
     @property
     def null_threshold(self) -> float | None:
         """The reader's own null threshold (0 for a QA model without reader_settings.json; None: always answer)."""

@@ -1,13 +1,14 @@
 """The QA system over HTTP (FastAPI): `POST /ask`, `GET /health`, the page at `GET /`, OpenAPI docs at `/docs`, and
 the users' labels of its answers: `POST /feedback`, `GET /feedback` (utils.feedback).
 
-The app's state is one object, `ServerState`: the system serving, the batcher that answers in passes, the index it
-watches, what the server was started with. It loads the models and the index once, on a thread of its own, so that
-`/health` answers (503, "loading") while they load; `/ask` then answers through the micro-batcher
+The app's state is one object, `ServerState`: the system serving, the batcher that answers in passes, the index and
+reader it watches, what the server was started with. It loads the models and the index once, on a thread of its
+own, so that `/health` answers (503, "loading") while they load; `/ask` then answers through the micro-batcher
 (utils.system.batcher), with exactly `QASystem.ask`'s rule, threshold and settings. Every bad request is a 4xx JSON
 error naming the field and never reaches the models (utils.system.requests); a request the system fails on anyway
 fails alone (the batcher answers the others of its pass without it), as a JSON error too. A new version of the
-index (utils.system.reload) replaces the system whole between passes: a pass, so every request, is answered by one.
+index or of the reader (utils.system.reload) replaces the system whole between passes: a pass, so every request, is
+answered by one index and one reader.
 """
 
 import asyncio
@@ -32,7 +33,7 @@ from utils.runtime.flags import arg
 from utils.system.answer import check_share
 from utils.system.batcher import Batcher
 from utils.system.documents import document_path, document_view, link, media_type, viewed_as_itself
-from utils.system.reload import IndexWatch
+from utils.system.reload import Watch
 from utils.system.requests import AskRequest, BadRequest, BodyLimit, Limits, check_request, install_error_handlers
 
 logger = logging.getLogger("qa-amp")
@@ -48,17 +49,18 @@ class ServeArgs:
     max_batch: int = arg(32, "Questions answered together in one pass (retrieval and reading batched); 1: one at a "
                              "time.")
     max_wait_ms: float = arg(5.0, "How long a pass waits for more questions to arrive before it starts.")
-    index_check_seconds: float = arg(5.0, "How often the --index manifest is checked for a new version "
-                                          "(index_corpus.py run again): it is loaded beside the one serving and "
-                                          "swapped in between passes, no request failed or answered from a mix; 0: "
-                                          "never.")
+    reload_check_seconds: float = arg(5.0, "How often the --index manifest and the --reader directory are checked "
+                                           "for a new version (index_corpus.py or train_reader.py run again on "
+                                           "them): it is loaded beside the one serving and swapped in between "
+                                           "passes, no request failed or answered from a mix; 0: never.",
+                                      aliases=["--index_check_seconds"])
 
     def __post_init__(self):
         check_at_least_one(self, "max_batch")
         if not 0 <= self.max_wait_ms <= 1000:
             raise UserError(f"--max_wait_ms must be between 0 and 1000 (got {self.max_wait_ms})")
-        if self.index_check_seconds < 0:
-            raise UserError(f"--index_check_seconds must be 0 (never) or more (got {self.index_check_seconds})")
+        if self.reload_check_seconds < 0:
+            raise UserError(f"--reload_check_seconds must be 0 (never) or more (got {self.reload_check_seconds})")
         if not 0 <= self.port < 65536:
             raise UserError(f"--port {self.port}: not a port")
 
@@ -87,13 +89,13 @@ def public(a: dict, settings: dict, documents: list[str] | None = None, index_ve
 def answered_with(system, threshold, unanswerable_share="system") -> dict:
     """What the system answers with, said with every answer: the no-answer threshold applied (None: it always
     answers; moved to --unanswerable_share if given, which it says), whether no_answer_probability is calibrated
-    (--no_answer_calibration; else the shared rule's share of the softmaxes, or None), the rule and the weight of the
-    retriever's score."""
+    (--no_answer_calibration; else the shared rule's share of the softmaxes, or None), the rule, the weight of the
+    retriever's score and the reader's fingerprint (a label of the answer, POST /feedback, gives it back)."""
     threshold, calibration = system.settings(threshold, unanswerable_share)
     share = system.unanswerable_share if unanswerable_share == "system" else unanswerable_share
     return {"no_answer_threshold": threshold, "unanswerable_share": share,
             "calibrated": calibration is not None, "rule": normalization(system.shared_norm),
-            "retriever_weight": system.retriever_weight}
+            "retriever_weight": system.retriever_weight, "reader": system.reader.fingerprint}
 
 
 class ServerState:
@@ -102,15 +104,16 @@ class ServerState:
 
     `load_system()` builds the QASystem (once, on the loading thread); `threshold`: QASystem.ask's; `k`: the
     passages a request reads when it does not say; `on_load_failure(message)`: what to do when loading fails;
-    `watch`: the index to reload when it gets a new version (utils.system.reload); `feedback`: the store of the
-    labels users give (utils.feedback.store), `access` who may use it (utils.feedback.access)."""
+    `watches`: the index and the reader to reload when they get a new version (utils.system.reload); `feedback`: the
+    store of the labels users give (utils.feedback.store), `access` who may use it (utils.feedback.access)."""
 
     def __init__(self, load_system, args: ServeArgs, limits: Limits, k: int, threshold="recorded",
-                 watch: IndexWatch | None = None, on_load_failure=None, feedback: FeedbackStore | None = None,
+                 watches: tuple[Watch, ...] = (), on_load_failure=None, feedback: FeedbackStore | None = None,
                  access: FeedbackAccess | None = None):
         self.load_system, self.args, self.limits, self.k, self.threshold = load_system, args, limits, k, threshold
-        self.watch, self.on_load_failure, self.feedback, self.access = watch, on_load_failure, feedback, access
-        self.system, self.error, self.reloads, self.started = None, None, 0, time.time()
+        self.watches, self.on_load_failure, self.feedback, self.access = watches, on_load_failure, feedback, access
+        self.system, self.error, self.started = None, None, time.time()
+        self.reloads = {watch.what: 0 for watch in watches}
         self.batcher = Batcher(self.answer_many, args.max_batch, args.max_wait_ms / 1000)
 
     def answer_many(self, questions: list[str], ks: list[int], shares: list) -> list[dict]:
@@ -123,10 +126,12 @@ class ServerState:
         return [public(a, settings[share], documents, version) for a, share in zip(answers, shares)]
 
     def load(self) -> None:
-        """The loading thread: the system, then the index watched every --index_check_seconds."""
+        """The loading thread: the system, then the index and the reader watched every --reload_check_seconds."""
         logger.info("loading the models and the corpus")
         try:
-            self.system = self.load_system()
+            system = self.load_system()
+            system.reader.fingerprint  # noqa: B018 - hashed now, on this thread: the reader as loaded
+            self.system = system
             logger.info("ready: %d passages", len(self.system.passages))
         except UserError as err:
             self.error = str(err)
@@ -134,26 +139,32 @@ class ServerState:
             self.error = f"{type(err).__name__}: {err}"
         if self.error and self.on_load_failure:
             self.on_load_failure(self.error)
-        while self.watch is not None and self.args.index_check_seconds > 0 and not self.error:
-            time.sleep(self.args.index_check_seconds)
-            try:
-                new = self.watch.check(self.system)
-            except Exception:  # noqa: BLE001 - a reload that fails keeps the version serving, and checks again
-                logger.exception("reloading the index failed")
-                continue
-            if new is not None:  # one reference replaced: the passes under way finish on the system they took
-                self.system, self.reloads = new, self.reloads + 1
+        while self.watches and self.args.reload_check_seconds > 0 and not self.error:
+            time.sleep(self.args.reload_check_seconds)
+            for watch in self.watches:
+                try:
+                    new = watch.check(self.system)
+                except Exception:  # noqa: BLE001 - a reload that fails keeps the version serving, and checks again
+                    logger.exception("reloading the %s failed", watch.what)
+                    continue
+                if new is not None:  # one reference replaced: the passes under way finish on the system they took
+                    self.system = new
+                    self.reloads[watch.what] += 1
 
     def health(self) -> JSONResponse:
         """/health: ready or not (503 while loading, or after a failed load), the passes and questions answered, the
-        index's version, its reloads, and a version on disk that could not be loaded and why ("index_failed")."""
-        ready = self.system is not None
-        body = {"ready": ready, "status": "ready" if ready else "failed" if self.error else "loading",
+        index's version and the reader's fingerprint, their reloads, and a version of either on disk that could not
+        be loaded and why ("index_failed", "reader_failed": {"version", "error"})."""
+        system = self.system
+        failed = {watch.what: watch.failed for watch in self.watches}
+        body = {"ready": system is not None, "status": "ready" if system else "failed" if self.error else "loading",
                 "error": self.error, "passes": self.batcher.passes, "questions_answered": self.batcher.questions,
-                "index_version": ready and self.system.index and self.system.index.version or None,
-                "reloads": self.reloads, "index_failed": self.watch.failed if self.watch else None,
+                "index_version": system and system.index and system.index.version or None,
+                "reloads": self.reloads.get("index", 0), "index_failed": failed.get("index"),
+                "reader": system and system.reader.fingerprint or None,
+                "reader_reloads": self.reloads.get("reader", 0), "reader_failed": failed.get("reader"),
                 "uptime_seconds": round(time.time() - self.started, 1)}
-        return JSONResponse(body, status_code=200 if ready else 503)
+        return JSONResponse(body, status_code=200 if system else 503)
 
     def share_asked(self, share: float | None):
         """The unanswerable share a request asks for ("system": the server's), or BadRequest where the system cannot
@@ -184,13 +195,15 @@ class ServerState:
         return HTMLResponse(document_view(index, name, passage))
 
     def feedback_refused(self, authorization: str | None):
-        """/feedback's answer when it cannot be used: 404 without a store, 401 without the token it needs."""
+        """/feedback's answer when it cannot be used: 404 without a store, 401 without the token it needs, 403 on a
+        server that takes no feedback (another address than loopback, no token given)."""
         if self.feedback is None:
             return JSONResponse({"error": "this server keeps no feedback", "field": None}, status_code=404)
-        why = self.access.refusal(authorization)
-        if why:
-            return JSONResponse({"error": why, "field": None}, status_code=401,
-                                headers={"WWW-Authenticate": "Bearer"})
+        refused = self.access.refusal(authorization)
+        if refused:
+            status, why = refused
+            return JSONResponse({"error": why, "field": None}, status_code=status,
+                                headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)
         return None
 
     async def give_feedback(self, body: FeedbackRequest, authorization: str | None):
