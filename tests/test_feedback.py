@@ -8,12 +8,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from conftest import SAMPLE
 from postgres import Postgres
 from test_serve import Server
+
 from utils.files.squad import load_questions
-from utils.runtime.model_fingerprint import model_fingerprint
+from utils.reader.trained import Reader
 
 TOKEN = "s3cret-token-for-the-tests"
 
@@ -52,7 +52,7 @@ def feedback(question, answer, verdict, span=None) -> dict:
     shown = [{"passage_id": p["passage_id"], "position": p["position"]} for p in answer["passages"]]
     ids = [p["passage_id"] for p in answer["passages"]]
     body = {"question": question, "verdict": verdict, "passages": shown, "index_version": answer["index_version"],
-            "answer": answer["answer"],
+            "reader": answer["settings"]["reader"], "answer": answer["answer"],
             "answer_passage": ids.index(answer["passage_id"]) if answer["answer"] else None}
     return {**body, **({"span": span} if span else {})}
 
@@ -78,7 +78,8 @@ def test_each_verdict_is_stored_with_the_passages_as_they_were_read(server, answ
     status, listed = call(server, "/feedback?limit=100")
     assert status == 200 and listed["labels"][-4:] == stored and listed["next"] is None
     right, selected, wrong, none = stored
-    reader = model_fingerprint(trained_models[0])
+    reader = Reader.files_fingerprint(trained_models[0])
+    assert answered["settings"]["reader"] == reader
     assert all(s["reader"] == reader and s["index_version"] == answered["index_version"] for s in stored)
     assert right["answer"] == answered["answer"] == right["given"] and right["passage_id"] == answered["passage_id"]
     assert right["text"][right["answer_start"]:right["answer_end"]] == answered["answer"]
@@ -109,6 +110,10 @@ def broken(answers, how: str) -> dict:
         "other_field": lambda: body.update(top_k=3),
         "offset_type": lambda: span.update(start="3"),
         "span_passage": lambda: span.update(passage=9),
+        "reader": lambda: body.update(reader="0" * 32),
+        "right_elsewhere": lambda: span.update(passage=(span["passage"] + 1) % len(body["passages"])),
+        "right_on_abstention": lambda: body.update(answer=None, answer_passage=None),
+        "passage_without_answer": lambda: body.update(verdict="wrong", span=None, answer=None),
     }
     changes[how]()
     return body
@@ -118,7 +123,8 @@ def broken(answers, how: str) -> dict:
     ("outside", 422, "span.end"), ("not_the_text", 422, "span.text"), ("verdict", 422, "verdict"),
     ("position", 409, "passages[0]"), ("version", 409, "index_version"), ("no_span", 422, "span"),
     ("span_with_wrong", 422, "span"), ("other_field", 422, "top_k"), ("offset_type", 422, "span.start"),
-    ("span_passage", 422, "span.passage")])
+    ("span_passage", 422, "span.passage"), ("reader", 409, "reader"), ("right_elsewhere", 422, "span.passage"),
+    ("right_on_abstention", 422, "span"), ("passage_without_answer", 422, "answer_passage")])
 def test_bad_feedback_is_refused_naming_the_field_and_writes_nothing(server, answers, how, status, field):
     before = call(server, "/feedback?limit=1")[1]["total"]
     code, body = call(server, "/feedback", broken(answers, how))
@@ -150,7 +156,7 @@ def test_on_another_address_feedback_needs_the_token_and_postgresql_keeps_the_la
     body = feedback(question, answer, "no_answer")
     without = Server(trained_models, tmp_path, "--host", "0.0.0.0", "--feedback_db", tmp_path / "open.sqlite")
     try:  # no token given: no feedback taken nor shown, answers as ever
-        assert call(without, "/feedback", body)[0] == 401 and call(without, "/feedback")[0] == 401
+        assert call(without, "/feedback", body)[0] == 403 and call(without, "/feedback")[0] == 403
         assert call(without, "/ask", {"question": question})[0] == 200
     finally:
         without.stop()

@@ -1,7 +1,7 @@
 """A user's feedback on one answer, as POST /feedback takes it (`FeedbackRequest`: strict JSON, no other field), and
 the label it becomes (`label_of`): checked against the index serving, the passages' texts taken from it, never from
 the request, so that a label holds the passage exactly as the reader read it. Bad feedback is a `BadRequest` naming
-the field; an answer from a version of the index no longer serving is a 409 (ask again)."""
+the field; an answer from a version of the index, or a reader, no longer serving is a 409 (ask again)."""
 
 from typing import Literal
 
@@ -39,6 +39,8 @@ class FeedbackRequest(BaseModel):
                     "the question.")
     passages: list[ShownPassage] = Field(description="The passages the answer showed, in its order.")
     index_version: int | None = Field(description="The answer's index_version, as /ask gave it.")
+    reader: str | None = Field(None, description="The reader that gave the answer: its settings' reader, as /ask "
+                                                 "gave it (checked when given: the label is of that reader's answer).")
     answer: str | None = Field(description="The answer the system gave (null: it abstained).")
     answer_passage: int | None = Field(None, description="Which of the passages shown the answer was in.")
     span: Span | None = Field(None, description="With verdict span (and right, the answer's own): where the answer "
@@ -58,9 +60,19 @@ def label_of(request: FeedbackRequest, system, max_passages: int, max_question_c
     if request.index_version != version:
         raise BadRequest("index_version", f"{request.index_version}: the answer came from another version of the "
                                           f"index than the one serving ({version}): ask again", 409)
+    if request.reader is not None and request.reader != system.reader.fingerprint:
+        raise BadRequest("reader", f"{request.reader}: the answer came from another reader than the one serving "
+                                   f"({system.reader.fingerprint}): ask again", 409)
     shown = [passage_at(system.passages, p, i, version) for i, p in enumerate(request.passages)]
+    if (request.answer_passage is None) != (not request.answer):
+        raise BadRequest("answer_passage", "goes with an answer given, and only with one: the passage it is in")
     if request.answer_passage is not None and not 0 <= request.answer_passage < len(shown):
         raise BadRequest("answer_passage", f"must be one of the {len(shown)} passages shown (0 to {len(shown) - 1})")
+    if request.verdict == "right" and not request.answer and request.span is not None:
+        raise BadRequest("span", "given with verdict right on an abstention: no passage shown answers it")
+    if request.verdict == "right" and request.span is not None and request.span.passage != request.answer_passage:
+        raise BadRequest("span.passage", "with verdict right the span is the answer given, in its passage "
+                                         f"({request.answer_passage})")
     if request.verdict == "right" and request.answer and request.span is None:
         raise BadRequest("span", "missing: with verdict right, the answer's own span (its passage and offsets)")
     if request.verdict == "span" and request.span is None:
