@@ -12,6 +12,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import export_feedback  # noqa: E402
 import index_corpus  # noqa: E402
 import ingest_documents  # noqa: E402
 import make_dpr_data  # noqa: E402
@@ -25,7 +26,8 @@ INTROS = {"shared": "Shared flags (both scripts):", "reader": "Reader flags:",
           "dpr": "DPR flags (plus the shared flags above):", "qa": "QA system flags (`qa_system.py`, its own):",
           "serve": "Server flags (`serve.py`, its own):", "index": "Index flags (`index_corpus.py`, its own):",
           "ingest": "Documents to passages flags (`ingest_documents.py`, its own):",
-          "make_dpr_data": "SQuAD -> DPR converter flags (`make_dpr_data.py`, its own):"}
+          "make_dpr_data": "SQuAD -> DPR converter flags (`make_dpr_data.py`, its own):",
+          "export_feedback": "Feedback export flags (`export_feedback.py`, its own):"}
 
 
 def default(f) -> str:
@@ -71,7 +73,8 @@ def tables() -> dict[str, str]:
             INTROS["dpr"]: table(own(train_dpr)), INTROS["qa"]: table(flags(qa_system)),
             INTROS["serve"]: table(flags(serve)), INTROS["ingest"]: table(flags(ingest_documents)),
             INTROS["index"]: table(flags(index_corpus)),
-            INTROS["make_dpr_data"]: table(flags(make_dpr_data))}
+            INTROS["make_dpr_data"]: table(flags(make_dpr_data)),
+            INTROS["export_feedback"]: table(flags(export_feedback))}
 
 
 HEADING = """# Flags

@@ -52,12 +52,18 @@ FIELDS = [c.name for c in LABELS.columns]
 
 
 @dataclass(frozen=True)
-class FeedbackConfig:
+class FeedbackDB:
+    """The feedback store: serve.py keeps the labels users give its answers there, export_feedback.py reads them."""
+    feedback_db: str = arg("feedback.sqlite", "The labels' database: a SQLite file, or a SQLAlchemy URL such as "
+                                              "postgresql+psycopg://user@host/db, which several servers can share "
+                                              "(serve.py creates it where missing; export_feedback.py only reads "
+                                              "it).")
+
+
+@dataclass(frozen=True)
+class FeedbackConfig(FeedbackDB):
     """Where serve.py keeps the labels users give its answers (POST /feedback and the page's buttons), and who may
     give and read them."""
-    feedback_db: str = arg("feedback.sqlite", "The labels' database: a SQLite file (created if missing), or a "
-                                              "SQLAlchemy URL such as postgresql+psycopg://user@host/db, which "
-                                              "several servers can share.")
     feedback_token_file: str | None = arg(None, "A file holding the token /feedback requires (`Authorization: "
                                                 "Bearer TOKEN`; or the environment's QA_AMP_FEEDBACK_TOKEN): needed "
                                                 "to give or read labels on any --host but this machine's loopback.")
@@ -81,7 +87,9 @@ class FeedbackStore:
     """The labels in the database at `where` (a SQLite path or a SQLAlchemy URL), its table created if missing.
     `add(label)` writes one in a transaction and returns its id; `page(after, limit)` reads them back in order."""
 
-    def __init__(self, where: str):
+    def __init__(self, where: str, create: bool = True):
+        """`create` False: a store that must exist already (export_feedback.py reads one): a SQLite file that is not
+        there, or a database without the labels' table, is refused, and nothing is created in it."""
         self.url = database_url(where)
         try:
             self.engine = sa.create_engine(self.url, pool_pre_ping=True)
@@ -89,12 +97,19 @@ class FeedbackStore:
             raise UserError(f"--feedback_db {where}: not a database URL or file ({err})") from None
         self.kind = self.engine.dialect.name
         if self.kind == "sqlite":
-            folder = os.path.dirname(self.url.removeprefix("sqlite:///"))
-            if not os.path.isdir(folder):
-                raise UserError(f"--feedback_db {where}: no such directory {folder}")
+            path = self.url.removeprefix("sqlite:///")
+            if not os.path.isdir(os.path.dirname(path)):
+                raise UserError(f"--feedback_db {where}: no such directory {os.path.dirname(path)}")
+            if os.path.isdir(path):
+                raise UserError(f"--feedback_db {where}: is a directory, not a file")
+            if not create and not os.path.isfile(path):
+                raise UserError(f"--feedback_db {where}: no such file")
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
         try:
             with self.engine.begin() as conn:
+                if not create and not sa.inspect(conn).has_table(LABELS.name):
+                    raise UserError(f"--feedback_db {where}: holds no feedback labels (no table {LABELS.name}): not "
+                                    "a store serve.py wrote")
                 METADATA.create_all(conn)  # IF NOT EXISTS: servers sharing one database may all start at once
                 found = conn.execute(sa.select(META.c.version)).scalar()
                 if found is None:
