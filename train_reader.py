@@ -131,9 +131,18 @@ def resolve(args, data, window, decoding, corpus, passages, distillation, loop, 
     (--do_train false) precision where no flag says otherwise, the shipped sample when no data is given, the
     epochs. Returns them in the order given; the distillation is None without a teacher."""
     check_model_dir(args.model_name_or_path, "model_name_or_path")
-    passages.check_corpus(corpus)
     recorded = ReaderSettings.load(args.model_name_or_path) or ReaderSettings()
     window, decoding = filled(window, recorded), filled(decoding, recorded)  # as trained, unless a flag says
+    # a trained reader continues with its answer rule (shared normalization over as many passages), unless told
+    inherited = passages.passages_per_question is None and loop.do_train and recorded.passages_per_question > 1
+    passages = replace(passages, passages_per_question=passages.passages_per_question or (
+        recorded.passages_per_question if loop.do_train else 1))
+    if inherited and corpus.passages is None and corpus.index is None:
+        raise UserError(f"{args.model_name_or_path} reads with shared normalization over "
+                        f"{recorded.passages_per_question} passages a question (its reader_settings.json): give "
+                        "--passages (the corpus its other passages come from) to go on so, or --passages_per_question "
+                        "1 to train it a paragraph at a time (its answer rule changes)")
+    passages.check_corpus(corpus)
     if data.dataset_name and (data.train_file or data.validation_file):
         raise UserError("give either --dataset_name or --train_file/--validation_file, not both")
     if not loop.do_train:

@@ -70,17 +70,20 @@ class PassagesConfig:
                                  "answer strings, read as unanswerable windows (drawn anew each epoch from its "
                                  "best-ranked ones): teaches a reader that will read retrieved passages to abstain.")
     # > 1: shared normalization (utils.reader.groups, utils.reader.shared_norm)
-    passages_per_question: int = arg(1, "Read each training question with M - 1 passages of --passages retrieved for "
-                                        "it beside its own paragraph (drawn anew each epoch from its best-ranked ones; "
-                                        "one holding an answer string is a positive), all their windows sharing one "
-                                        "softmax for the start and one for the end (shared normalization): a reader "
-                                        "whose scores compare across the passages the QA system gives it, with one "
-                                        "no-answer decision per question. 1: one paragraph at a time.")
+    passages_per_question: Optional[int] = arg(None, "Read each training question with M - 1 passages of --passages "
+                                                     "retrieved for it beside its own paragraph (drawn anew each "
+                                                     "epoch from its best-ranked ones; one holding an answer string "
+                                                     "is a positive), all their windows sharing one softmax for the "
+                                                     "start and one for the end (shared normalization): a reader "
+                                                     "whose scores compare across the passages the QA system gives "
+                                                     "it, with one no-answer decision per question. 1: one "
+                                                     "paragraph at a time. Default: a trained reader's own (it "
+                                                     "continues with its answer rule), else 1.")
 
     def __post_init__(self):
         if self.negative_passages < 0:
             raise UserError("--negative_passages must be >= 0")
-        if self.passages_per_question < 1:
+        if self.passages_per_question is not None and self.passages_per_question < 1:
             raise UserError("--passages_per_question must be at least 1")
         if self.negative_passages and self.shared_norm:
             raise UserError("--negative_passages and --passages_per_question are two ways to read retrieved passages: "
@@ -107,7 +110,7 @@ class PassagesConfig:
     @property
     def shared_norm(self) -> bool:
         """Trained with shared normalization: one softmax, and one no-answer, per question."""
-        return self.passages_per_question > 1
+        return (self.passages_per_question or 1) > 1
 
     @property
     def retrieving(self) -> bool:
