@@ -1,6 +1,7 @@
 """The benchmarks run end to end (tiny model, sample data) and write their tables."""
 
 import csv
+import json
 
 from conftest import SAMPLE, run_script
 
@@ -175,3 +176,15 @@ def test_the_crossfit_rescoring_refuses_a_k_beyond_the_passages_the_run_read(tmp
                       check=False)
     assert_user_error(proc, "--k 3")
     assert "2 passages" in proc.stderr and "| 1 |" not in proc.stdout
+
+
+def test_feedback_benchmark_posts_labels_beside_questions_and_checks_each_is_stored(trained_models, tmp_path):
+    reader, _ = trained_models
+    run_script("benchmarks/feedback_benchmark.py", "--reader", reader, "--passages", f"{SAMPLE}/dpr_passages.jsonl",
+               "--questions", f"{SAMPLE}/dev.json", "--clients", 2, "--labels", 3, "--askers", 2, "--alone_seconds", 1,
+               "--out", tmp_path)
+    result = json.loads((tmp_path / "feedback_cpu.json").read_text())
+    for store in ("sqlite", "postgresql"):
+        row = result[store]
+        assert row["labels_sent"] == row["answered_201"] == row["labels_stored"] == 6 and row["stored_are_the_sent"]
+        assert row["feedback"]["n"] == 6 and row["ask_alone"]["n"] >= 2
