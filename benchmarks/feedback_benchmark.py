@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from conftest import free_port  # noqa: E402
 from postgres import Postgres  # noqa: E402
+from serve_benchmark import ready  # noqa: E402
 
 from utils.files.squad import load_questions  # noqa: E402
 
@@ -37,18 +38,7 @@ def start(args, port: int, feedback_db: str, log_path: str):
     cmd = [sys.executable, os.path.join(ROOT, "serve.py"), "--retriever", args.retriever, "--reader", args.reader,
            "--passages", args.passages, "--port", str(port), "--feedback_db", feedback_db, "--k", str(args.k)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
-            if call(http.client.HTTPConnection("127.0.0.1", port, timeout=5), "GET", "/health")[0] == 200:
-                return proc
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"serve.py exited {proc.returncode}: see {log_path}")
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"serve.py did not get ready: see {log_path}")
+    return ready(proc, port, 600, log_path)
 
 
 def call(conn, method, path, body=None):

@@ -45,7 +45,12 @@ def start(args, max_batch: int, port: int):
         cmd += ["--mixed_precision", args.mixed_precision]
     log = open(os.path.join(tempfile.gettempdir(), f"serve-benchmark-{max_batch}.log"), "w")  # its words, if it fails
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + args.start_timeout
+    return ready(proc, port, args.start_timeout, log.name)
+
+
+def ready(proc, port: int, timeout: float, log: str):
+    """`proc` (serve.py on `port`) once /health says ready; its exit or `timeout` seconds: SystemExit naming `log`."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
@@ -55,10 +60,10 @@ def start(args, max_batch: int, port: int):
         except OSError:
             pass
         if proc.poll() is not None:
-            raise SystemExit(f"serve.py exited {proc.returncode}: see {log.name}")
+            raise SystemExit(f"serve.py exited {proc.returncode}: see {log}")
         time.sleep(0.5)
     proc.kill()
-    raise SystemExit(f"serve.py not ready after {args.start_timeout} s: see {log.name}")
+    raise SystemExit(f"serve.py not ready after {timeout} s: see {log}")
 
 
 def load(port: int, questions: list[str], k: int, concurrency: int, total: int) -> tuple[list, dict]:

@@ -83,6 +83,21 @@ def trained_models(tiny_bert_dir, tmp_path_factory):
     return reader, retriever
 
 
+EMOJI = "\N{WATER WAVE}"  # beyond the BMP: two UTF-16 units in JavaScript, one character in Python
+
+
+@pytest.fixture(scope="module")
+def passages(tmp_path_factory):
+    """The sample's corpus with a character beyond the BMP opening every passage: every answer's offsets count it
+    as Python does (one character), which JavaScript's strings do not (two UTF-16 units)."""
+    path = tmp_path_factory.mktemp("corpus") / "passages.jsonl"
+    with open(f"{SAMPLE}/dpr_passages.jsonl", encoding="utf-8") as f, open(path, "w", encoding="utf-8") as out:
+        for line in f:
+            p = json.loads(line)
+            out.write(json.dumps({**p, "text": f"{EMOJI} {p['text']}"}) + "\n")
+    return str(path)
+
+
 def free_port() -> int:
     import socket
 

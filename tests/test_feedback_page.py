@@ -11,24 +11,12 @@ import urllib.request
 
 import pytest
 
-from conftest import SAMPLE
-from test_serve import CALIBRATION, CHROMIUM, EMOJI, Server
+from conftest import EMOJI, SAMPLE
+from test_serve import CALIBRATION, CHROMIUM, Server
 from utils.files.squad import load_questions
 
 TOKEN = "page-token-of-the-feedback-tests"
 TOKEN_KEY = "qa-amp feedback token"  # the page's sessionStorage key
-
-
-@pytest.fixture(scope="module")
-def passages(tmp_path_factory):
-    """The sample's corpus with a character beyond the BMP opening every passage (as test_serve's): one character
-    to Python, two UTF-16 units to JavaScript."""
-    path = tmp_path_factory.mktemp("corpus") / "passages.jsonl"
-    with open(f"{SAMPLE}/dpr_passages.jsonl", encoding="utf-8") as f, open(path, "w", encoding="utf-8") as out:
-        for line in f:
-            p = json.loads(line)
-            out.write(json.dumps({**p, "text": f"{EMOJI} {p['text']}"}) + "\n")
-    return str(path)
 
 
 @pytest.fixture(scope="module")

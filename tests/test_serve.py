@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, SAMPLE, assert_user_error, free_port, run_script
+from conftest import EMOJI, ROOT, SAMPLE, assert_user_error, free_port, run_script
 from serve import ServeArgs
 from tolerance import assert_answered_alike, assert_ranked_alike
 from utils.errors import UserError
@@ -27,7 +27,6 @@ from utils.system.pipeline import QASystem
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CALIBRATION = (1.5, -0.5, 0.3)  # the module's server runs with --no_answer_calibration 1.5 -0.5 0.3
-EMOJI = "\N{WATER WAVE}"  # beyond the BMP: two UTF-16 units in JavaScript, one character in Python
 
 
 class Server:
@@ -78,18 +77,6 @@ class Server:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=60)
         self.log.close()
-
-
-@pytest.fixture(scope="module")
-def passages(tmp_path_factory):
-    """The sample's corpus with a character beyond the BMP opening every passage: every answer's offsets count it
-    as Python does (one character), which JavaScript's strings do not (two UTF-16 units)."""
-    path = tmp_path_factory.mktemp("corpus") / "passages.jsonl"
-    with open(f"{SAMPLE}/dpr_passages.jsonl", encoding="utf-8") as f, open(path, "w", encoding="utf-8") as out:
-        for line in f:
-            p = json.loads(line)
-            out.write(json.dumps({**p, "text": f"{EMOJI} {p['text']}"}) + "\n")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
