@@ -32,7 +32,6 @@ empty one, or only "wrong" and malformed rows); an --output_dir that holds anyth
 
 import os
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
@@ -42,11 +41,7 @@ from utils.feedback.export import export
 from utils.feedback.store import FeedbackDB, FeedbackStore, one_line
 from utils.files.jsonfiles import write_json_file, write_json_lines
 from utils.runtime.flags import arg, parse_args
-from utils.runtime.output_dir import OutputConfig, prepare_output_dir, publish_dir
-
-# The export is one process: what prepare_output_dir and publish_dir ask of an Accelerator, without starting one
-ONE_PROCESS = SimpleNamespace(is_main_process=True, num_processes=1, wait_for_everyone=lambda: None)
-
+from utils.runtime.output_dir import ONE_PROCESS, OutputConfig, prepare_output_dir, publish_dir
 
 @dataclass(frozen=True)
 class ExportArgs(FeedbackDB, OutputConfig):

@@ -30,6 +30,7 @@ import shutil
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional
 
 from accelerate.utils import broadcast_object_list
@@ -276,6 +277,11 @@ def swap_in(staging: str, target: str, swappable: bool, keep: set[str], loadable
         shutil.rmtree(staging)
     else:
         _replace_entries(staging, target, keep, loadable)
+
+
+# A script that runs as one process without an Accelerator (export_feedback.py, scripts/finetune_on_labels.py): what
+# prepare_output_dir and publish_dir ask of one
+ONE_PROCESS = SimpleNamespace(is_main_process=True, num_processes=1, wait_for_everyone=lambda: None)
 
 
 @contextmanager
