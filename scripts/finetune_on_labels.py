@@ -13,10 +13,11 @@ serving it swaps it in). Flags after `--` go to every train_reader.py run. With 
 training data), each run's training file adds --mix_ratio times as many of its questions as it has labels (drawn
 with --seed): what keeps the reader from forgetting what it knew.
 
---output_dir gets the reader and finetune.json: the threshold, and three out-of-fold scores on the labels, each
-question scored by what was not chosen on its document: the reader as it was at its recorded threshold; the same
-at a threshold tuned on the other folds' labels (what calibration alone gives); the fine-tuned readers at a
-threshold tuned on the other folds' out-of-fold readings. Then each label's out-of-fold reading and which documents
+--output_dir gets the reader and finetune.json: the threshold; the one the reader as it was gets from the same
+labels (tuned on all of them: for other questions, what calibration alone gives); three out-of-fold scores on the
+labels, each question scored by what was not chosen on its document: the reader as it was at its recorded
+threshold, the same at a threshold tuned on the other folds' labels (calibration alone), the fine-tuned readers at
+a threshold tuned on the other folds' out-of-fold readings; each label's out-of-fold reading and which documents
 each fold's reader trained on. The train_reader.py runs' own outputs are in a temporary folder, removed at the end.
 """
 
@@ -117,6 +118,8 @@ def main():
         # --- the reader as it was, on the same questions: at its own threshold, and calibrated alike ----------
         before = readings(args.reader, examples)
         recorded = ReaderSettings.load(args.reader) or ReaderSettings()
+        _, calibration = best_null_threshold(references, {q: r["text"] for q, r in before.items()},
+                                             {q: r["null_minus_best"] for q, r in before.items()})
         # --- the final reader: every label, published with the cross-validated threshold ---------------------
         all_file = os.path.join(work, "all.json")
         write_json_file(all_file, squad_document(with_mix(examples, mix, args.mix_ratio, rng)))
@@ -130,7 +133,8 @@ def main():
             "fingerprint": fingerprint(examples)}
         settings.save(final)
         report = {"labels": args.labels, "questions": len(examples), "documents": len(documents), "folds": len(folds),
-                  "threshold": threshold, "mix_with": args.mix_with, "mix_ratio": args.mix_ratio if mix else None,
+                  "threshold": threshold, "reader_as_it_was_threshold_on_the_labels": calibration,
+                  "mix_with": args.mix_with, "mix_ratio": args.mix_ratio if mix else None,
                   "train_reader_flags": extra,
                   "out_of_fold": {"reader_as_it_was": scores(references, before, recorded.null_threshold),
                                   "reader_as_it_was_threshold_cross_validated":
