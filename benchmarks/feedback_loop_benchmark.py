@@ -167,7 +167,7 @@ def main():
     def qa(reader, questions, corpus, name):
         where = ["--index", w("index")] if corpus == "index" else ["--passages", corpus]
         run("qa_system.py", "--retriever", "bm25", "--reader", reader, *where, "--questions", questions, "--k", args.k,
-            "--output_dir", w(name))
+            "--eval_k", args.k, "--output_dir", w(name))
         return w(name, "details.jsonl")
 
     base_test = qa(args.reader, args.test, w("test_corpus.jsonl"), "qa-test-base")
