@@ -33,12 +33,11 @@ empty one, or only "wrong" and malformed rows); an --output_dir that holds anyth
 import os
 from dataclasses import dataclass
 
-import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
 
 from utils.errors import UserError, exit_on_user_error
 from utils.feedback.export import export
-from utils.feedback.store import FeedbackDB, FeedbackStore, one_line
+from utils.feedback.store import FeedbackDB, FeedbackStore, displayed, one_line
 from utils.files.jsonfiles import write_json_file, write_json_lines
 from utils.runtime.flags import arg, parse_args
 from utils.runtime.output_dir import ONE_PROCESS, OutputConfig, prepare_output_dir, publish_dir
@@ -68,13 +67,6 @@ def resolve(args: ExportArgs) -> ExportArgs:
     return args
 
 
-def shown_source(where: str) -> str:
-    """The store as export.json names it: a file's absolute path, a URL without its password."""
-    if "://" not in where:
-        return os.path.abspath(where)
-    return sa.engine.make_url(where).render_as_string(hide_password=True)
-
-
 @exit_on_user_error
 def main(argv=None):
     (args,) = parse_args(FLAGS, argv)
@@ -96,7 +88,7 @@ def main(argv=None):
         write_json_file(os.path.join(out, "squad.json"), squad)
         write_json_lines(os.path.join(out, "questions.jsonl"), questions)
         write_json_file(os.path.join(out, "dpr.json"), dpr)
-        write_json_file(os.path.join(out, "export.json"), {"feedback_db": shown_source(args.feedback_db), **summary})
+        write_json_file(os.path.join(out, "export.json"), {"feedback_db": displayed(args.feedback_db), **summary})
     print(f"{args.output_dir}: {len(questions)} questions ({counts['answerable']} answerable, "
           f"{counts['unanswerable']} unanswerable) from {counts['rows']} rows up to label {counts['last_label_id']} "
           f"(superseded by a later label of their question: {counts['superseded']}; 'wrong', no label: "

@@ -85,7 +85,8 @@ def main(argv=None):
     config, answer_settings, args, limits, feedback = resolve(*parse_args(FLAGS, argv))
     access = FeedbackAccess(args.host, read_token(feedback.feedback_token_file))
     sock = listening_socket(args.host, args.port)
-    store = FeedbackStore(feedback.feedback_db)  # the users' labels: opened (created) now, a bad one is one line
+    # the users' labels: opened (created) now, a bad store is one line; "none": no store, /feedback not served
+    store = FeedbackStore(feedback.feedback_db) if feedback.feedback_db != "none" else None
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     failure = []
 

@@ -114,6 +114,7 @@ def broken(answers, how: str) -> dict:
         "right_elsewhere": lambda: span.update(passage=(span["passage"] + 1) % len(body["passages"])),
         "right_on_abstention": lambda: body.update(answer=None, answer_passage=None),
         "passage_without_answer": lambda: body.update(verdict="wrong", span=None, answer=None),
+        "blank_span": lambda: span.update(start=text.index(" "), end=text.index(" ") + 1, text=" "),
     }
     changes[how]()
     return body
@@ -121,10 +122,11 @@ def broken(answers, how: str) -> dict:
 
 @pytest.mark.parametrize("how, status, field", [
     ("outside", 422, "span.end"), ("not_the_text", 422, "span.text"), ("verdict", 422, "verdict"),
-    ("position", 409, "passages[0]"), ("version", 409, "index_version"), ("no_span", 422, "span"),
+    ("position", 422, "passages[0]"), ("version", 409, "index_version"), ("no_span", 422, "span"),
     ("span_with_wrong", 422, "span"), ("other_field", 422, "top_k"), ("offset_type", 422, "span.start"),
     ("span_passage", 422, "span.passage"), ("reader", 409, "reader"), ("right_elsewhere", 422, "span.passage"),
-    ("right_on_abstention", 422, "span"), ("passage_without_answer", 422, "answer_passage")])
+    ("right_on_abstention", 422, "span"), ("passage_without_answer", 422, "answer_passage"),
+    ("blank_span", 422, "span.text")])
 def test_bad_feedback_is_refused_naming_the_field_and_writes_nothing(server, answers, how, status, field):
     before = call(server, "/feedback?limit=1")[1]["total"]
     code, body = call(server, "/feedback", broken(answers, how))
@@ -134,6 +136,13 @@ def test_bad_feedback_is_refused_naming_the_field_and_writes_nothing(server, ans
 
 def test_an_oversized_or_malformed_body_and_a_bad_page_are_refused(server, answers):
     before = call(server, "/feedback?limit=1")[1]["total"]
+    question, answer = answers[0]
+    for field, body in [("question", {**feedback(question, answer, "wrong"), "question": "q\ud800"}),
+                        ("question", {**feedback(question, answer, "wrong"), "question": "q\u0000"})]:
+        code, refused = call(server, "/feedback", raw=json.dumps(body).encode())  # \ud800 as JSON sends it
+        assert (code, refused["field"]) == (422, field), refused
+    for after in (-1, 2 ** 31, 10 ** 20):
+        assert call(server, f"/feedback?after={after}")[1]["field"] == "after"
     code, body = call(server, "/feedback", raw=b'{"question": "' + b"x" * (2 << 20) + b'"}')
     assert code == 413 and body["field"] == "body"
     code, body = call(server, "/feedback", raw=b'{"question": ')

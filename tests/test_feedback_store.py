@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 import pytest
@@ -40,11 +41,11 @@ def label(question: str, **extra) -> dict:
             **extra}
 
 
-def in_child(where: str, body: str, *args) -> subprocess.Popen:
+def in_child(where: str, body: str, *args, open_first: bool = True) -> subprocess.Popen:
     code = textwrap.dedent(f"""
-        import sys, time
+        import os, sys, time
         from utils.feedback.store import FeedbackStore
-        store = FeedbackStore({where!r})
+        store = FeedbackStore({where!r}) if {open_first} else None
     """) + textwrap.dedent(body)
     return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
@@ -119,3 +120,45 @@ def test_a_bad_database_is_a_one_line_error(tmp_path):
         FeedbackStore(str(tmp_path / "notadb.sqlite"))
     with pytest.raises(UserError, match="cannot open it"):  # nobody listens there
         FeedbackStore("postgresql+psycopg://qa@127.0.0.1:1/postgres?connect_timeout=5")
+
+
+def test_servers_opening_a_new_store_at_once_all_open_it(where, tmp_path):
+    """Several servers started together on a database no store has been made in: each opens it (the tables made
+    once), none fails on another's creation."""
+    go = tmp_path / "go"
+    openers = [in_child(where, f"""
+        while not os.path.exists({str(go)!r}):  # every child imported and waiting: they open together
+            time.sleep(0.005)
+        FeedbackStore({where!r})
+        print("open", flush=True)
+    """, open_first=False) for _ in range(6)]
+    time.sleep(3)
+    go.write_text("")
+    for child in openers:
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0 and out.strip() == "open", err[-2000:]
+    store = FeedbackStore(where)
+    assert store.page(0, 10) == ([], 0)
+    store.close()
+
+
+def test_labels_commit_in_the_order_of_their_ids_so_paging_misses_none(where):
+    """A label written while another writer's transaction is open gets a later id and commits after it: a reader
+    paging `after` the last id it saw never skips a label committed later with a smaller id."""
+    store = FeedbackStore(where)
+    child = in_child(where, """
+        from utils.feedback.store import LABELS
+        with store.engine.begin() as conn:
+            store._serialized(conn)
+            conn.execute(LABELS.insert().values(question="first", verdict="wrong", reader="r", shown="[]",
+                                                created="2026-01-01T00:00:00+00:00"))
+            print("inserted, not committed", flush=True)
+            time.sleep(3)
+        print("committed", flush=True)
+    """)
+    assert child.stdout.readline().strip() == "inserted, not committed", child.stderr.read()
+    second = store.add(label("second"))  # waits for the first to commit (PostgreSQL: the writers' lock; SQLite's)
+    assert child.stdout.readline().strip() == "committed" and child.wait() == 0
+    labels = list(store)
+    assert [r["question"] for r in labels] == ["first", "second"] and labels[-1]["id"] == second["id"]
+    store.close()

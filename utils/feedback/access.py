@@ -1,7 +1,9 @@
-"""Who may give and read labels (/feedback): on the loopback address anyone on this machine; on any other address,
-labels being writes and possibly private, only a client with the token the server was started with (a file, or the
-environment's QA_AMP_FEEDBACK_TOKEN: never a flag's value, which `ps` shows to every user): 401 without it. Without
-a token such a server refuses all feedback (403); a refused request changes nothing."""
+"""Who may give and read labels (/feedback): a server started with a token (a file, or the environment's
+QA_AMP_FEEDBACK_TOKEN: never a flag's value, which `ps` shows to every user) takes only requests bearing it, 401
+without; one started without a token takes anyone's on the loopback address (this machine's users) and refuses all
+feedback on any other address (403), labels being writes and possibly private. A refused request changes nothing.
+A proxy on this machine forwarding other machines' requests to a loopback server makes them local: give it a
+token."""
 
 import hmac
 import ipaddress
@@ -24,16 +26,18 @@ def is_loopback(host: str) -> bool:
 def read_token(token_file: str | None) -> str | None:
     """The token from `token_file` (its first line), else from the environment; None where neither gives one."""
     if token_file is None:
-        return os.environ.get(TOKEN_ENV) or None
-    try:
-        with open(token_file, encoding="utf-8") as f:
-            token = f.readline().strip()
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"--feedback_token_file {token_file}: cannot read it ({getattr(err, 'strerror', err)})") \
-            from None
+        token, where = os.environ.get(TOKEN_ENV, "").strip(), TOKEN_ENV
+        if not token:
+            return None
+    else:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token, where = f.readline().strip(), f"--feedback_token_file {token_file} (its first line)"
+        except (OSError, UnicodeDecodeError) as err:
+            raise UserError(f"--feedback_token_file {token_file}: cannot read it "
+                            f"({getattr(err, 'strerror', None) or err})") from None
     if len(token) < 16:
-        raise UserError(f"--feedback_token_file {token_file}: the token must be at least 16 characters (its first "
-                        "line)")
+        raise UserError(f"{where}: the token must be at least 16 characters")
     return token
 
 

@@ -50,6 +50,9 @@ class FeedbackRequest(BaseModel):
 def label_of(request: FeedbackRequest, system, max_passages: int, max_question_chars: int) -> dict:
     """The label `request` gives (utils.feedback.store's fields), the passages' texts read from `system`'s corpus,
     or BadRequest naming the field."""
+    for field, text in (("question", request.question), ("answer", request.answer),
+                        ("span.text", request.span and request.span.text), ("reader", request.reader)):
+        storable(field, text)
     question = request.question.strip()
     if not question or len(question) > max_question_chars:
         raise BadRequest("question", f"must be 1 to {max_question_chars} characters")
@@ -87,11 +90,25 @@ def label_of(request: FeedbackRequest, system, max_passages: int, max_question_c
     return label
 
 
+def storable(field: str, text: str | None) -> None:
+    """A string every store keeps as it is: UTF-8 (no lone surrogate, which JSON's \\ud800 can carry) without NUL
+    (which PostgreSQL's text refuses)."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(field, "not valid Unicode (a lone surrogate)") from None
+    if "\x00" in text:
+        raise BadRequest(field, "holds a NUL character")
+
+
 def passage_at(passages, shown: ShownPassage, i: int, version) -> dict:
-    """Passage i shown, as the index serving holds it at its position: it must be the one /ask gave there."""
+    """Passage i shown, as the index serving holds it at its position: it must be the one /ask gave there (the index
+    serving is the answer's version: a mismatch is the request's error)."""
     if not 0 <= shown.position < len(passages) or passages[shown.position]["passage_id"] != shown.passage_id:
         raise BadRequest(f"passages[{i}]", f"{shown.passage_id!r} is not at position {shown.position} of the index "
-                                           f"serving (version {version}): ask again", 409)
+                                           f"the answer came from (version {version})")
     p = passages[shown.position]
     return {"passage_id": p["passage_id"], "title": p.get("title", ""), "text": p["text"],
             "document": p.get("document")}
@@ -108,6 +125,8 @@ def span_label(span: Span, shown: list[dict], answer: str | None) -> dict:
         raise BadRequest("span.start" if not 0 <= span.start < len(text) else "span.end",
                          f"[{span.start}, {span.end}) is not a span of passage {span.passage}'s {len(text)} "
                          "characters")
+    if not span.text.strip():
+        raise BadRequest("span.text", "holds no answer: only spaces")
     if text[span.start:span.end] != span.text:
         raise BadRequest("span.text", f"{span.text[:80]!r} is not the passage's text at [{span.start}, {span.end}) "
                                       f"({text[span.start:span.end][:80]!r})")

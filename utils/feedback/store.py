@@ -23,6 +23,7 @@ from utils.runtime.flags import arg
 # "no_answer": no passage shown answers the question, a label too; "wrong" without a span is counted, not a label.
 VERDICTS = ("right", "wrong", "span", "no_answer")
 SCHEMA_VERSION = 1
+ADVISORY_LOCK = 0x7161616D70  # PostgreSQL's lock of the store's writers ("qaamp")
 
 METADATA = sa.MetaData()
 LABELS = sa.Table(
@@ -56,8 +57,9 @@ class FeedbackDB:
     """The feedback store: serve.py keeps the labels users give its answers there, export_feedback.py reads them."""
     feedback_db: str = arg("feedback.sqlite", "The labels' database: a SQLite file, or a SQLAlchemy URL such as "
                                               "postgresql+psycopg://user@host/db, which several servers can share "
-                                              "(serve.py creates it where missing; export_feedback.py only reads "
-                                              "it).")
+                                              "(serve.py creates it where missing, none: keeps no labels; "
+                                              "export_feedback.py only reads it). A password is best left out of "
+                                              "the URL, which `ps` shows: PGPASSWORD or ~/.pgpass.")
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,17 @@ class FeedbackConfig(FeedbackDB):
     feedback_token_file: str | None = arg(None, "A file holding the token /feedback requires (`Authorization: "
                                                 "Bearer TOKEN`; or the environment's QA_AMP_FEEDBACK_TOKEN): needed "
                                                 "to give or read labels on any --host but this machine's loopback.")
+
+
+def displayed(where: str) -> str:
+    """The store as messages and outputs name it: a file's path, a URL without its password."""
+    if "://" not in where:
+        return where
+    try:
+        return sa.engine.make_url(where).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):  # not a URL SQLAlchemy reads: what precedes a host is left out
+        scheme, _, rest = where.partition("://")
+        return f"{scheme}://***@{rest.rpartition('@')[2]}" if "@" in rest else where
 
 
 def database_url(where: str) -> str:
@@ -90,35 +103,51 @@ class FeedbackStore:
     def __init__(self, where: str, create: bool = True):
         """`create` False: a store that must exist already (export_feedback.py reads one): a SQLite file that is not
         there, or a database without the labels' table, is refused, and nothing is created in it."""
-        self.url = database_url(where)
+        self.url, name = database_url(where), displayed(where)  # name: the URL without its password
         try:
             self.engine = sa.create_engine(self.url, pool_pre_ping=True)
         except (ArgumentError, ImportError, ValueError) as err:
-            raise UserError(f"--feedback_db {where}: not a database URL or file ({err})") from None
+            raise UserError(f"--feedback_db {name}: not a database URL or file ({one_line(err)})") from None
         self.kind = self.engine.dialect.name
         if self.kind == "sqlite":
-            path = self.url.removeprefix("sqlite:///")
+            path = os.path.abspath(self.engine.url.database or "")
             if not os.path.isdir(os.path.dirname(path)):
-                raise UserError(f"--feedback_db {where}: no such directory {os.path.dirname(path)}")
+                raise UserError(f"--feedback_db {name}: no such directory {os.path.dirname(path)}")
             if os.path.isdir(path):
-                raise UserError(f"--feedback_db {where}: is a directory, not a file")
+                raise UserError(f"--feedback_db {name}: is a directory, not a file")
             if not create and not os.path.isfile(path):
-                raise UserError(f"--feedback_db {where}: no such file")
+                raise UserError(f"--feedback_db {name}: no such file")
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
-        try:
-            with self.engine.begin() as conn:
-                if not create and not sa.inspect(conn).has_table(LABELS.name):
-                    raise UserError(f"--feedback_db {where}: holds no feedback labels (no table {LABELS.name}): not "
-                                    "a store serve.py wrote")
-                METADATA.create_all(conn)  # IF NOT EXISTS: servers sharing one database may all start at once
-                found = conn.execute(sa.select(META.c.version)).scalar()
-                if found is None:
-                    conn.execute(META.insert().values(version=SCHEMA_VERSION))
-        except SQLAlchemyError as err:
-            raise UserError(f"--feedback_db {where}: cannot open it ({one_line(err)})") from None
+        for attempt in range(3):  # servers sharing a new database may all create it at once: the others then find it
+            try:
+                found = self._open(name, create)
+                break
+            except SQLAlchemyError as err:
+                if attempt == 2:
+                    raise UserError(f"--feedback_db {name}: cannot open it ({one_line(err)})") from None
         if found not in (None, SCHEMA_VERSION):
-            raise UserError(f"--feedback_db {where}: its labels are of schema version {found}, this version of "
+            raise UserError(f"--feedback_db {name}: its labels are of schema version {found}, this version of "
                             f"qa-amp reads {SCHEMA_VERSION}")
+
+    def _open(self, name: str, create: bool):
+        """The tables checked (and created where missing and `create`) in one transaction: the schema's version."""
+        with self.engine.begin() as conn:
+            self._serialized(conn)
+            if not create and not sa.inspect(conn).has_table(LABELS.name):
+                raise UserError(f"--feedback_db {name}: holds no feedback labels (no table {LABELS.name}): not a "
+                                "store serve.py wrote")
+            METADATA.create_all(conn)  # only what is missing
+            found = conn.execute(sa.select(META.c.version)).scalar()
+            if found is None:
+                conn.execute(META.insert().values(version=SCHEMA_VERSION))
+        return found
+
+    def _serialized(self, conn) -> None:
+        """PostgreSQL: this transaction waits for the others of the store to end (a lock held until it ends), so
+        that labels commit in the order of their ids (a reader paging `after` an id misses none written before it)
+        and servers starting at once create the tables once. SQLite has one writer at a time already."""
+        if self.kind == "postgresql":
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": ADVISORY_LOCK})
 
     def add(self, label: dict) -> dict:
         """Writes `label` (FIELDS but id and created; "shown" a list) in one transaction: the row as stored."""
@@ -126,6 +155,7 @@ class FeedbackStore:
                "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
                "shown": json.dumps(label["shown"], ensure_ascii=False)}
         with self.engine.begin() as conn:
+            self._serialized(conn)
             row["id"] = conn.execute(LABELS.insert().values(**row)).inserted_primary_key[0]
         return as_label(row)
 

@@ -233,6 +233,8 @@ class ServerState:
             return refused
         if not 1 <= limit <= 1000:
             raise BadRequest("limit", f"must be between 1 and 1000 (got {limit})")
+        if not 0 <= after < 2 ** 31:  # a label's id: what every store's integer holds
+            raise BadRequest("after", f"must be a label's id, 0 to {2 ** 31 - 1} (got {after})")
         try:
             labels, total = await asyncio.to_thread(self.feedback.page, after, limit)
         except SQLAlchemyError as err:
