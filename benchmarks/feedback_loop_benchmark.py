@@ -146,8 +146,12 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args, train_flags = p.parse_known_args()
     train_flags = [a for a in train_flags if a != "--"]
+    mark = os.path.join(args.work, ".feedback-loop-benchmark")  # in --work: this benchmark wrote what it holds
+    if os.path.exists(args.work) and os.listdir(args.work) and not os.path.exists(mark):
+        raise SystemExit(f"--work {args.work} holds files this benchmark did not write: give an empty or new directory")
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
+    open(mark, "w").close()
     w = lambda *names: os.path.join(args.work, *names)  # noqa: E731
     t0 = time.time()
     # --- the user's documents, ingested and indexed; the other documents' corpus -------------------------------

@@ -24,6 +24,7 @@ each fold's reader trained on. The train_reader.py runs' own outputs are in a te
 import argparse
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -36,9 +37,15 @@ from utils.errors import UserError, exit_on_user_error  # noqa: E402
 from utils.files.folds import article_folds, article_of  # noqa: E402
 from utils.files.jsonfiles import write_json_file  # noqa: E402
 from utils.files.squad import load_squad, squad_document  # noqa: E402
+from utils.reader.decoding import abstains  # noqa: E402
 from utils.reader.metrics import best_null_threshold, squad_metrics  # noqa: E402
 from utils.reader.trained import RUN_RESULTS, Reader, ReaderSettings, fingerprint  # noqa: E402
 from utils.runtime.output_dir import ONE_PROCESS, prepare_output_dir, publish_dir  # noqa: E402
+
+COPY = re.compile(r"^(feedback-\d+)-\d+$")
+# train_reader.py flags that choose a checkpoint on the dev set, which is the held-out fold here: its labels would
+# choose the reader that scores them
+CHOOSING = ("--eval_steps", "--early_stopping_patience")
 
 
 def train(reader: str, train_file: str, validation_file: str, output_dir: str, extra: list[str]) -> None:
@@ -62,10 +69,32 @@ def readings(reader_dir: str, examples: list[dict]) -> dict:
 
 def scores(references: dict, read: dict, threshold: float | None) -> dict:
     """EM/F1 of `read` at `threshold` (abstaining where null minus best is above it)."""
-    predictions = {q: "" if threshold is not None and r["null_minus_best"] > threshold else r["text"]
-                   for q, r in read.items()}
+    predictions = {q: "" if abstains(r["null_minus_best"], threshold) else r["text"] for q, r in read.items()}
     m = squad_metrics(references, predictions)
     return {"threshold": threshold, "exact": round(m["exact"], 2), "f1": round(m["f1"], 2)}
+
+
+def question_of(example: dict) -> str:
+    """The label an example is of: export_feedback.py writes an unanswerable label as one example per passage shown
+    ("feedback-ID-N"), all one question; any other example is its own."""
+    copy = COPY.match(example["id"])
+    return copy[1] if copy else example["id"]
+
+
+def by_question(examples: list[dict], read: dict) -> tuple[dict, dict]:
+    """(gold answers, reading) per question (`question_of`): a question of several examples is read as the QA system
+    reads several passages a paragraph at a time, the smallest null-minus-best deciding, its span answering."""
+    groups = {}
+    for ex in examples:
+        groups.setdefault(question_of(ex), []).append(ex)
+    return ({q: [t for ex in exs for t in ex["answers"]["text"]] for q, exs in groups.items()},
+            {q: min((read[ex["id"]] for ex in exs), key=lambda r: r["null_minus_best"]) for q, exs in groups.items()})
+
+
+def tuned(references: dict, read: dict) -> float:
+    """The threshold the official rule tunes on `read` (per question)."""
+    return best_null_threshold(references, {q: r["text"] for q, r in read.items()},
+                               {q: r["null_minus_best"] for q, r in read.items()})[1]
 
 
 def with_mix(labels: list[dict], mix: list[dict], ratio: float, rng: random.Random) -> list[dict]:
@@ -88,38 +117,51 @@ def main():
     extra = [a for a in extra if a != "--"]
     if args.folds < 2:
         raise UserError("--folds must be at least 2")
+    if args.mix_ratio < 0:
+        raise UserError(f"--mix_ratio must be 0 or more (got {args.mix_ratio})")
+    if any(a.replace("-", "_").split("=")[0] in {c.replace("-", "_") for c in CHOOSING} for a in extra):
+        raise UserError(f"{' and '.join(CHOOSING)} choose a checkpoint on the held-out fold's labels, which then score "
+                        "it: leave them out")
     if os.path.realpath(args.output_dir) == os.path.realpath(args.reader):
         raise UserError(f"--output_dir {args.output_dir} is --reader: the fine-tuned reader never replaces the one "
                         "it starts from (each fine-tuning starts from it again, with every label so far)")
-    examples, _ = load_squad(args.labels)
+    labelled, _ = load_squad(args.labels)
+    document = {ex["id"]: article_of(ex) for ex in labelled}
+    # a question's examples folded together, under its first example's document
+    first = {}
+    examples = [{**ex, "title": first.setdefault(question_of(ex), ex["title"])} for ex in labelled]
     documents = {article_of(ex) for ex in examples}
-    folds = article_folds(examples, min(args.folds, len(documents))) if len(documents) >= 2 else None
-    if folds is None:
+    if len(documents) < 2:
         raise UserError(f"{args.labels}: the labels of one document: cross-validation over documents needs two")
+    folds = article_folds(examples, min(args.folds, len(documents)))
+    question_folds = [list(dict.fromkeys(question_of(ex) for ex in fold)) for fold in folds]
     mix = load_squad(args.mix_with)[0] if args.mix_with else []
     prepare_output_dir(ONE_PROCESS, args.output_dir, "evaluate", overwrite=args.overwrite_output_dir)
     rng = random.Random(args.seed)
-    references = {ex["id"]: ex["answers"]["text"] for ex in examples}
     work = tempfile.mkdtemp(prefix="qa-amp-finetune-")
     try:
         # --- each fold held out in turn: a reader trained on the others reads it ----------------------------
         out_of_fold, trained_on = {}, []
         for i, held_out in enumerate(folds):
-            rest = [ex for j, fold in enumerate(folds) if j != i for ex in fold]
-            trained_on.append(sorted({article_of(ex) for ex in rest}))
+            # the documents read in the held-out fold (an unanswerable label's passages may be of several): none of
+            # their passages is trained on, whatever fold its question is in
+            held_documents = {document[ex["id"]] for ex in held_out}
+            rest = [ex for j, fold in enumerate(folds) if j != i for ex in fold if document[ex["id"]] not in
+                    held_documents]
+            trained_on.append(sorted({document[ex["id"]] for ex in rest}))
             train_file, held_file = os.path.join(work, f"fold{i}-train.json"), os.path.join(work, f"fold{i}.json")
             write_json_file(train_file, squad_document(with_mix(rest, mix, args.mix_ratio, rng)))
             write_json_file(held_file, squad_document(held_out))
             train(args.reader, train_file, held_file, os.path.join(work, f"fold{i}"), extra)
             out_of_fold.update({q: {**r, "fold": i} for q, r in readings(os.path.join(work, f"fold{i}"),
                                                                           held_out).items()})
-        na = {q: r["null_minus_best"] for q, r in out_of_fold.items()}
-        _, threshold = best_null_threshold(references, {q: r["text"] for q, r in out_of_fold.items()}, na)
+            shutil.rmtree(os.path.join(work, f"fold{i}"))  # read: its reader is done with
+        references, fine_tuned = by_question(examples, out_of_fold)
+        threshold = tuned(references, fine_tuned)
         # --- the reader as it was, on the same questions: at its own threshold, and calibrated alike ----------
-        before = readings(args.reader, examples)
+        before = by_question(examples, readings(args.reader, examples))[1]
         recorded = ReaderSettings.load(args.reader) or ReaderSettings()
-        _, calibration = best_null_threshold(references, {q: r["text"] for q, r in before.items()},
-                                             {q: r["null_minus_best"] for q, r in before.items()})
+        calibration = tuned(references, before)
         # --- the final reader: every label, published with the cross-validated threshold ---------------------
         all_file = os.path.join(work, "all.json")
         write_json_file(all_file, squad_document(with_mix(examples, mix, args.mix_ratio, rng)))
@@ -129,18 +171,19 @@ def main():
         settings.null_threshold = threshold
         settings.null_threshold_tuned_on = {
             "data": f"{args.labels}: cross-validated over {len(folds)} folds of whole documents (each question read "
-                    "by a reader that did not train on its document)", "questions": len(examples),
-            "fingerprint": fingerprint(examples)}
+                    "by a reader that did not train on its document)", "questions": len(references),
+            "fingerprint": fingerprint(labelled)}
         settings.save(final)
-        report = {"labels": args.labels, "questions": len(examples), "documents": len(documents), "folds": len(folds),
+        report = {"labels": args.labels, "questions": len(references), "examples": len(examples),
+                  "documents": len({document[ex["id"]] for ex in examples}), "folds": len(folds),
                   "threshold": threshold, "reader_as_it_was_threshold_on_the_labels": calibration,
                   "mix_with": args.mix_with, "mix_ratio": args.mix_ratio if mix else None,
                   "train_reader_flags": extra,
                   "out_of_fold": {"reader_as_it_was": scores(references, before, recorded.null_threshold),
                                   "reader_as_it_was_threshold_cross_validated":
-                                      cross_validated(references, before, folds),
+                                      cross_validated(references, before, question_folds),
                                   "fine_tuned_threshold_cross_validated":
-                                      cross_validated(references, out_of_fold, folds)},
+                                      cross_validated(references, fine_tuned, question_folds)},
                   "trained_on": trained_on, "readings": out_of_fold}
         with publish_dir(ONE_PROCESS, args.output_dir) as out:  # the reader whole, or nothing
             for name in os.listdir(final):  # its results on the labels it trained on left out: in-sample
@@ -151,23 +194,21 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = report["out_of_fold"]
-    print(f"{args.output_dir}: fine-tuned on {len(examples)} labels of {len(documents)} documents; out-of-fold F1 "
-          f"{rows['fine_tuned_threshold_cross_validated']['f1']} against the reader as it was "
+    print(f"{args.output_dir}: fine-tuned on {len(references)} labels of {report['documents']} documents; "
+          f"out-of-fold F1 {rows['fine_tuned_threshold_cross_validated']['f1']} against the reader as it was "
           f"{rows['reader_as_it_was']['f1']} (its threshold) and "
           f"{rows['reader_as_it_was_threshold_cross_validated']['f1']} (a threshold chosen on the labels alike); "
           f"threshold {threshold:.4g}")
 
 
-def cross_validated(references: dict, read: dict, folds: list[list[dict]]) -> dict:
-    """EM/F1 of `read` where each fold's questions are cut at the threshold tuned on the other folds' (what a
-    threshold chosen on labels, without fine-tuning, gives on questions it was not chosen on)."""
+def cross_validated(references: dict, read: dict, folds: list[list[str]]) -> dict:
+    """EM/F1 of `read` (per question) where each fold's questions are cut at the threshold tuned on the other folds'
+    (what a threshold chosen on labels, without fine-tuning, gives on questions it was not chosen on)."""
     predictions = {}
     for i, held_out in enumerate(folds):
-        rest = [ex["id"] for j, fold in enumerate(folds) if j != i for ex in fold]
-        _, t = best_null_threshold({q: references[q] for q in rest}, {q: read[q]["text"] for q in rest},
-                                   {q: read[q]["null_minus_best"] for q in rest})
-        predictions.update({ex["id"]: "" if read[ex["id"]]["null_minus_best"] > t else read[ex["id"]]["text"]
-                            for ex in held_out})
+        rest = [q for j, fold in enumerate(folds) if j != i for q in fold]
+        t = tuned({q: references[q] for q in rest}, {q: read[q] for q in rest})
+        predictions.update({q: "" if abstains(read[q]["null_minus_best"], t) else read[q]["text"] for q in held_out})
     m = squad_metrics(references, predictions)
     return {"threshold": "per fold, tuned on the others", "exact": round(m["exact"], 2), "f1": round(m["f1"], 2)}
 
