@@ -133,10 +133,12 @@ def resolve(args, data, window, decoding, corpus, passages, distillation, loop, 
     check_model_dir(args.model_name_or_path, "model_name_or_path")
     recorded = ReaderSettings.load(args.model_name_or_path) or ReaderSettings()
     window, decoding = filled(window, recorded), filled(decoding, recorded)  # as trained, unless a flag says
-    # a trained reader continues with its answer rule (shared normalization over as many passages), unless told
-    inherited = passages.passages_per_question is None and loop.do_train and recorded.passages_per_question > 1
+    # a trained reader continues with its answer rule (shared normalization over as many passages), unless told; a
+    # student made of its first layers (--num_hidden_layers) is a new reader
+    inherited = passages.passages_per_question is None and loop.do_train and recorded.passages_per_question > 1 \
+        and args.num_hidden_layers is None
     passages = replace(passages, passages_per_question=passages.passages_per_question or (
-        recorded.passages_per_question if loop.do_train else 1))
+        recorded.passages_per_question if inherited else 1))
     if inherited and corpus.passages is None and corpus.index is None:
         raise UserError(f"{args.model_name_or_path} reads with shared normalization over "
                         f"{recorded.passages_per_question} passages a question (its reader_settings.json): give "
