@@ -41,6 +41,7 @@ from serve_benchmark import ready  # noqa: E402
 
 from utils.files.jsonfiles import write_json_file  # noqa: E402
 from utils.files.squad import load_squad, squad_document  # noqa: E402
+from utils.reader.decoding import abstains  # noqa: E402
 from utils.reader.metrics import squad_metrics  # noqa: E402
 from utils.reader.trained import ReaderSettings  # noqa: E402
 
@@ -113,7 +114,8 @@ def answers_at(details: str, threshold) -> dict:
             read = d["passages"][:d["top_k"]]  # the run reads (and measures) more: the answer is of its k
             best = max(read, key=lambda p: p["span_score"] if p["span"] else float("-inf"), default=None)
             span = best["span"] if best and best["span"] else ""
-            out[d["id"]] = "" if threshold is not None and d["null_minus_best"] > threshold else span
+            margin = float("inf") if d["null_minus_best"] is None else d["null_minus_best"]  # None: no span read
+            out[d["id"]] = "" if abstains(margin, threshold) else span
     return out
 
 
