@@ -5,11 +5,12 @@
 
 For each store the benchmark starts serve.py (--retriever, default BM25) as its own process on a free local port with
 a new --feedback_db (a SQLite file in a temporary folder; a throwaway PostgreSQL server, tests/postgres.py), gets the
-answers to --clients x --labels questions (k = --k), then runs two phases, each client a thread with its own
-keep-alive connection: --askers clients asking one question a request, alone (the /ask latency without feedback);
-then the same askers while --clients clients post --labels labels each, as the page sends them (a span where the
-answer was given, no_answer where it abstained, every fifth wrong), as fast as answered. Checked: every label
-answered 201, and the store lists exactly the labels sent, each once. Writes feedback_cpu.json to --out.
+answers to --asked questions (k = --k; labelled again in turn where --clients x --labels is more), then runs two
+phases, each client a thread with its own keep-alive connection: --askers clients asking one question a request,
+alone (the /ask latency without feedback); then the same askers while --clients clients post --labels labels each,
+as the page sends them (a span where the answer was given, no_answer where it abstained, every fifth wrong), as fast
+as answered. Checked: every label answered 201, and the store lists exactly the labels sent, each once. Writes
+feedback_cpu.json to --out.
 """
 
 import argparse
@@ -76,13 +77,14 @@ def run_store(args, questions, name, feedback_db, folder):
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         n_labels = args.clients * args.labels
-        asked = questions[:n_labels]
+        asked = questions[:min(n_labels, args.asked)]
         answers = []
         for i in range(0, len(asked), 16):
             status, body = call(conn, "POST", "/ask", {"question": asked[i:i + 16]})
             assert status == 200, body
             answers += body["answers"]
-        labels = [label_of(q, a, n) for n, (q, a) in enumerate(zip(asked, answers))]
+        # more labels than answers asked: the answers labelled again in turn (a store keeps every label)
+        labels = [label_of(asked[n % len(asked)], answers[n % len(asked)], n) for n in range(n_labels)]
 
         def asker(i, stop, out):
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -122,6 +124,7 @@ def run_store(args, questions, name, feedback_db, folder):
         alone_s, alone, _, _ = phase(False)
         busy_s, ask_times, post_times, statuses = phase(True)
         ids = [i for status, i in statuses if status == 201]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)  # the first idled past the keep-alive
         status, listed = call(conn, "GET", "/feedback?limit=1000")
         stored = [label["id"] for label in listed["labels"]]
         while listed["next"] is not None:
@@ -146,7 +149,8 @@ def main():
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--askers", type=int, default=8)
     p.add_argument("--clients", type=int, default=8, help="clients posting labels")
-    p.add_argument("--labels", type=int, default=50, help="labels each posting client sends")
+    p.add_argument("--labels", type=int, default=300, help="labels each posting client sends")
+    p.add_argument("--asked", type=int, default=400, help="answers asked for the labels (labelled again in turn)")
     p.add_argument("--alone_seconds", type=float, default=30.0, help="how long the askers ask alone")
     p.add_argument("--stores", nargs="+", default=["sqlite", "postgresql"])
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
