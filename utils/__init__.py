@@ -2,5 +2,6 @@
 sentences.py (base) -> runtime/ (flags, processes, output directories, the atomic writer, batches) -> files/ (files
 in and checked), splitting.py (documents into passages), max_length.py -> loop/ (the shared training loop) ->
 search/ (vectors and texts in, rankings out) -> index/ (the index of a corpus, on disk) -> reader/, retriever/ (the
-two models, their training tasks and trained APIs) -> system/ (the QA system and its server). Flags are read by the
+two models, their training tasks and trained APIs), feedback/ (the users' labels: their store, checks and export)
+-> system/ (the QA system and its server). Flags are read by the
 scripts; everything here takes typed configs."""

@@ -1,4 +1,5 @@
-"""User errors: problems with the command line or the input files, reported as one line, never a traceback."""
+"""User errors: problems with the command line or the input files, reported as one line, never a traceback; and a
+bad request to the server, refused naming its field."""
 
 import functools
 import os
@@ -16,6 +17,14 @@ def check_at_least_one(settings, *names: str) -> None:
         value = getattr(settings, name)
         if value is not None and value < 1:
             raise UserError(f"--{name} must be at least 1 (got {value})")
+
+
+class BadRequest(Exception):
+    """A request to the server that it refuses: the field that is wrong and what is wrong with it, with its HTTP
+    status (utils.system.requests answers it as {"error", "field"})."""
+
+    def __init__(self, field: str, message: str, status: int = 422):
+        self.field, self.message, self.status = field, message, status
 
 
 class Interrupted(Exception):

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from utils.system.requests import BadRequest
+from utils.errors import BadRequest
 
 
 class ShownPassage(BaseModel):

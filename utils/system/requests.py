@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from utils.errors import check_at_least_one
+from utils.errors import BadRequest, check_at_least_one
 from utils.files.questions import QuestionError, question_list
 from utils.runtime.flags import arg
 
@@ -49,11 +49,6 @@ class Limits:
 
     def __post_init__(self):
         check_at_least_one(self, "max_k", "max_questions_per_request", "max_question_chars", "max_body_bytes")
-
-
-class BadRequest(Exception):
-    def __init__(self, field: str, message: str, status: int = 422):
-        self.field, self.message, self.status = field, message, status
 
 
 class BodyLimit:

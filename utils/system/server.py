@@ -23,7 +23,7 @@ from fastapi import FastAPI, Header
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
-from utils.errors import UserError, check_at_least_one
+from utils.errors import BadRequest, UserError, check_at_least_one
 from utils.feedback.access import FeedbackAccess
 from utils.feedback.labels import FeedbackRequest, label_of
 from utils.feedback.store import FeedbackStore, one_line
@@ -34,7 +34,7 @@ from utils.system.answer import check_share
 from utils.system.batcher import Batcher
 from utils.system.documents import document_path, document_view, link, media_type, viewed_as_itself
 from utils.system.reload import Watch
-from utils.system.requests import AskRequest, BadRequest, BodyLimit, Limits, check_request, install_error_handlers
+from utils.system.requests import AskRequest, BodyLimit, Limits, check_request, install_error_handlers
 
 logger = logging.getLogger("qa-amp")
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page.html")
