@@ -21,11 +21,12 @@ import argparse
 import html
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import time
+
+from result_file import write_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(ROOT, "..", "shared", "data")
@@ -180,11 +181,7 @@ def main():
                         shutil.copyfileobj(f, out)
             result["qa"][name] = qa(args, corpus, os.path.join(args.work, f"qa-{name}"))
             print(name, json.dumps(result["qa"][name]), flush=True)
-    result["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "documents_cpu.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    print(json.dumps(result, indent=1))
+    write_result(args.out, "documents_cpu.json", result)
 
 
 if __name__ == "__main__":

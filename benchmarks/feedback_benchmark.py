@@ -17,7 +17,6 @@ import argparse
 import http.client
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from conftest import free_port  # noqa: E402
 from postgres import Postgres  # noqa: E402
+from result_file import write_result  # noqa: E402
 from serve_benchmark import ready  # noqa: E402
 
 from utils.files.squad import load_questions  # noqa: E402
@@ -168,10 +168,7 @@ def main():
                 finally:
                     server.stop()
             print(name, json.dumps(result[name]), flush=True)
-    result["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "feedback_cpu.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_result(args.out, "feedback_cpu.json", result, show=False)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import argparse
 import http.client
 import json
 import os
-import platform
 import random
 import shutil
 import subprocess
@@ -37,6 +36,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from conftest import free_port  # noqa: E402
 from documents_benchmark import articles, render  # noqa: E402
+from feedback_benchmark import call  # noqa: E402
+from result_file import write_result  # noqa: E402
 from serve_benchmark import ready  # noqa: E402
 
 from utils.files.jsonfiles import write_json_file  # noqa: E402
@@ -51,13 +52,6 @@ def run(*cmd):
     if proc.returncode:
         raise SystemExit(f"{' '.join(map(str, cmd))} exited {proc.returncode}: {proc.stderr[-3000:]}")
     return proc.stdout
-
-
-def call(conn, method, path, body=None):
-    conn.request(method, path, body=None if body is None else json.dumps(body).encode(),
-                 headers={"Content-Type": "application/json"})
-    r = conn.getresponse()
-    return r.status, json.loads(r.read())
 
 
 def gold_span(answer: dict, golds: list[str]):
@@ -225,12 +219,8 @@ def main():
             print(seed, n, json.dumps(rows[str(n)]), flush=True)
         result["seeds"][str(seed)] = {"user": {k: v for k, v in user.items() if k != "asked"}, "asked": len(asked),
                                       "held_out_questions": len(held), "rows": rows}
-    result["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     result["seconds"] = round(time.time() - t0)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "feedback_loop_cpu.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    print(json.dumps(result, indent=1))
+    write_result(args.out, "feedback_loop_cpu.json", result)
 
 
 if __name__ == "__main__":

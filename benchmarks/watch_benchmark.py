@@ -13,7 +13,6 @@ seen, read, indexed) plus one check of the server (the new version loaded and sw
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -22,6 +21,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+
+from result_file import write_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(ROOT, "..", "shared", "data")
@@ -106,12 +107,8 @@ def main():
             proc.wait(timeout=120)
     result = {"period": args.period, "check": args.check, "trials": seconds,
               "median": statistics.median(seconds), "fastest": min(seconds), "slowest": max(seconds),
-              "documents": len(os.listdir(docs)), "watch_exit": watch.returncode, "server_exit": server.returncode,
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "watch_cpu.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    print(json.dumps(result, indent=1))
+              "documents": len(os.listdir(docs)), "watch_exit": watch.returncode, "server_exit": server.returncode}
+    write_result(args.out, "watch_cpu.json", result)
 
 
 if __name__ == "__main__":
