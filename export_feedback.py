@@ -6,8 +6,9 @@ Runbook (from the repository root, after `pip install -r requirements.txt`):
       Reads every label of the store (a SQLite file serve.py wrote, or the SQLAlchemy URL of a shared PostgreSQL
       database; nothing in it is written) and writes, all at once or not at all (a new directory swapped in whole):
         squad.json       SQuAD v2.0: a selected or confirmed answer at its span in its passage as read; a question no
-                         passage shown answers (no_answer, or an abstention marked right) is_impossible in each
-                         passage shown. For the reader: train_reader.py --train_file squad.json.
+                         passage shown answers (no_answer, or an abstention marked right) is_impossible in the
+                         passage its answer came from, else the first shown: a label is one question. For the
+                         reader: train_reader.py --train_file squad.json.
         questions.jsonl  {"id", "question", "answers": [...] ([] unanswerable), "title"}: the labelled questions
                          qa_system.py --questions and --validation_file read (measured, or tuned on).
         dpr.json         DPR: the labelled passage the positive, the passages shown without the answer the hard

@@ -24,7 +24,6 @@ each fold's reader trained on. The train_reader.py runs' own outputs are in a te
 import argparse
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -42,7 +41,6 @@ from utils.reader.metrics import best_null_threshold, squad_metrics  # noqa: E40
 from utils.reader.trained import RUN_RESULTS, Reader, ReaderSettings, fingerprint  # noqa: E402
 from utils.runtime.output_dir import ONE_PROCESS, prepare_output_dir, publish_dir  # noqa: E402
 
-COPY = re.compile(r"^(feedback-\d+)-\d+$")
 # train_reader.py flags that choose a checkpoint on the dev set, which is the held-out fold here: its labels would
 # choose the reader that scores them
 CHOOSING = ("--eval_steps", "--early_stopping_patience")
@@ -72,23 +70,6 @@ def scores(references: dict, read: dict, threshold: float | None) -> dict:
     predictions = {q: "" if abstains(r["null_minus_best"], threshold) else r["text"] for q, r in read.items()}
     m = squad_metrics(references, predictions)
     return {"threshold": threshold, "exact": round(m["exact"], 2), "f1": round(m["f1"], 2)}
-
-
-def question_of(example: dict) -> str:
-    """The label an example is of: export_feedback.py writes an unanswerable label as one example per passage shown
-    ("feedback-ID-N"), all one question; any other example is its own."""
-    copy = COPY.match(example["id"])
-    return copy[1] if copy else example["id"]
-
-
-def by_question(examples: list[dict], read: dict) -> tuple[dict, dict]:
-    """(gold answers, reading) per question (`question_of`): a question of several examples is read as the QA system
-    reads several passages a paragraph at a time, the smallest null-minus-best deciding, its span answering."""
-    groups = {}
-    for ex in examples:
-        groups.setdefault(question_of(ex), []).append(ex)
-    return ({q: [t for ex in exs for t in ex["answers"]["text"]] for q, exs in groups.items()},
-            {q: min((read[ex["id"]] for ex in exs), key=lambda r: r["null_minus_best"]) for q, exs in groups.items()})
 
 
 def tuned(references: dict, read: dict) -> float:
@@ -125,16 +106,14 @@ def main():
     if os.path.realpath(args.output_dir) == os.path.realpath(args.reader):
         raise UserError(f"--output_dir {args.output_dir} is --reader: the fine-tuned reader never replaces the one "
                         "it starts from (each fine-tuning starts from it again, with every label so far)")
-    labelled, _ = load_squad(args.labels)
-    document = {ex["id"]: article_of(ex) for ex in labelled}
-    # a question's examples folded together, under its first example's document
-    first = {}
-    examples = [{**ex, "title": first.setdefault(question_of(ex), ex["title"])} for ex in labelled]
-    documents = {article_of(ex) for ex in examples}
+    examples, _ = load_squad(args.labels)  # a label a question (export_feedback.py)
+    document = {ex["id"]: article_of(ex) for ex in examples}
+    documents = set(document.values())
     if len(documents) < 2:
         raise UserError(f"{args.labels}: the labels of one document: cross-validation over documents needs two")
     folds = article_folds(examples, min(args.folds, len(documents)))
-    question_folds = [list(dict.fromkeys(question_of(ex) for ex in fold)) for fold in folds]
+    question_folds = [[ex["id"] for ex in fold] for fold in folds]
+    references = {ex["id"]: ex["answers"]["text"] for ex in examples}
     mix = load_squad(args.mix_with)[0] if args.mix_with else []
     prepare_output_dir(ONE_PROCESS, args.output_dir, "evaluate", overwrite=args.overwrite_output_dir)
     rng = random.Random(args.seed)
@@ -143,11 +122,7 @@ def main():
         # --- each fold held out in turn: a reader trained on the others reads it ----------------------------
         out_of_fold, trained_on = {}, []
         for i, held_out in enumerate(folds):
-            # the documents read in the held-out fold (an unanswerable label's passages may be of several): none of
-            # their passages is trained on, whatever fold its question is in
-            held_documents = {document[ex["id"]] for ex in held_out}
-            rest = [ex for j, fold in enumerate(folds) if j != i for ex in fold if document[ex["id"]] not in
-                    held_documents]
+            rest = [ex for j, fold in enumerate(folds) if j != i for ex in fold]  # no document of held_out's
             trained_on.append(sorted({document[ex["id"]] for ex in rest}))
             train_file, held_file = os.path.join(work, f"fold{i}-train.json"), os.path.join(work, f"fold{i}.json")
             write_json_file(train_file, squad_document(with_mix(rest, mix, args.mix_ratio, rng)))
@@ -156,10 +131,9 @@ def main():
             out_of_fold.update({q: {**r, "fold": i} for q, r in readings(os.path.join(work, f"fold{i}"),
                                                                           held_out).items()})
             shutil.rmtree(os.path.join(work, f"fold{i}"))  # read: its reader is done with
-        references, fine_tuned = by_question(examples, out_of_fold)
-        threshold = tuned(references, fine_tuned)
+        threshold = tuned(references, out_of_fold)
         # --- the reader as it was, on the same questions: at its own threshold, and calibrated alike ----------
-        before = by_question(examples, readings(args.reader, examples))[1]
+        before = readings(args.reader, examples)
         recorded = ReaderSettings.load(args.reader) or ReaderSettings()
         calibration = tuned(references, before)
         # --- the final reader: every label, published with the cross-validated threshold ---------------------
@@ -172,10 +146,10 @@ def main():
         settings.null_threshold_tuned_on = {
             "data": f"{args.labels}: cross-validated over {len(folds)} folds of whole documents (each question read "
                     "by a reader that did not train on its document)", "questions": len(references),
-            "fingerprint": fingerprint(labelled)}
+            "fingerprint": fingerprint(examples)}
         settings.save(final)
-        report = {"labels": args.labels, "questions": len(references), "examples": len(examples),
-                  "documents": len({document[ex["id"]] for ex in examples}), "folds": len(folds),
+        report = {"labels": args.labels, "questions": len(references), "documents": len(documents),
+                  "folds": len(folds),
                   "threshold": threshold, "reader_as_it_was_threshold_on_the_labels": calibration,
                   "mix_with": args.mix_with, "mix_ratio": args.mix_ratio if mix else None,
                   "train_reader_flags": extra,
@@ -183,7 +157,7 @@ def main():
                                   "reader_as_it_was_threshold_cross_validated":
                                       cross_validated(references, before, question_folds),
                                   "fine_tuned_threshold_cross_validated":
-                                      cross_validated(references, fine_tuned, question_folds)},
+                                      cross_validated(references, out_of_fold, question_folds)},
                   "trained_on": trained_on, "readings": out_of_fold}
         with publish_dir(ONE_PROCESS, args.output_dir) as out:  # the reader whole, or nothing
             for name in os.listdir(final):  # its results on the labels it trained on left out: in-sample

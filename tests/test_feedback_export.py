@@ -45,7 +45,7 @@ LABELS = [  # ids 1 to 8, in this order
     label("When were the harbour fees raised?", "wrong", [P1], "1871"),  # not a label
     label("When did harbour fees rise?", "right", [P3, P1], "1902", (P3, "1902")),
     label("What colour is the lamp?", "right", [P2, P4]),  # the abstention was right: unanswerable
-    label("Who paid for the lamp?", "no_answer", [P1], "1871"),
+    {**label("Who paid for the lamp?", "no_answer", [P3, P1], "1871"), "given_passage_id": P1["passage_id"]},
     label("who designed  the Lighthouse?", "span", [P3, P1, P2], "Ada", (P1, "Ada Byron")),  # the same question
     label("Who designed the lighthouse?", "wrong", [P3, P1, P2], "Ada Byron"),  # after a label: replaces nothing
     {**label("How tall is the lighthouse?", "span", [P3], "", (P3, "1902")), "answer_start": 40, "answer_end": 99},
@@ -65,11 +65,10 @@ SQUAD = {"version": "v2.0", "data": [
     {"title": "notes.txt", "paragraphs": [
         {"context": P3["text"], "qas": [qa("feedback-3", "When did harbour fees rise?", "1902", P3["text"])]}]},
     {"title": "guide.md", "paragraphs": [
-        {"context": P2["text"], "qas": [qa("feedback-4-0", "What colour is the lamp?")]},
-        {"context": P1["text"], "qas": [qa("feedback-5-0", "Who paid for the lamp?"),
-                                        qa("feedback-6", "who designed  the Lighthouse?", "Ada Byron", P1["text"])]}]},
-    {"title": "Corpus title", "paragraphs": [
-        {"context": P4["text"], "qas": [qa("feedback-4-1", "What colour is the lamp?")]}]}]}
+        # an unanswerable label: one question, in the passage its answer came from, else the first shown
+        {"context": P2["text"], "qas": [qa("feedback-4", "What colour is the lamp?")]},
+        {"context": P1["text"], "qas": [qa("feedback-5", "Who paid for the lamp?"),
+                                        qa("feedback-6", "who designed  the Lighthouse?", "Ada Byron", P1["text"])]}]}]}
 QUESTIONS = [
     {"id": "feedback-3", "question": "When did harbour fees rise?", "answers": ["1902"], "title": "notes.txt"},
     {"id": "feedback-4", "question": "What colour is the lamp?", "answers": [], "title": ""},
@@ -109,7 +108,7 @@ def test_every_verdict_becomes_what_the_rule_says_in_each_layout(exported):
     assert json.load(open(os.path.join(out, "dpr.json"))) == DPR
     summary = json.load(open(os.path.join(out, "export.json")))
     assert summary["feedback_db"] == db and summary["counts"] == COUNTS
-    assert summary["squad"] == {"articles": 3, "paragraphs": 4, "questions": 5, "impossible": 3}
+    assert summary["squad"] == {"articles": 2, "paragraphs": 3, "questions": 4, "impossible": 2}
     assert summary["questions"] == {"questions": 4, "unanswerable": 2}
     assert summary["dpr"] == {"questions": 2, "skipped_unanswerable": 2, "hard_negatives": 2,
                               "shown_holding_the_answer": 1}
@@ -121,8 +120,8 @@ def test_every_verdict_becomes_what_the_rule_says_in_each_layout(exported):
 def test_each_file_loads_with_the_loader_of_the_script_that_reads_it(exported):
     _, out, _ = exported
     examples, repaired = load_squad(os.path.join(out, "squad.json"))  # train_reader.py --train_file
-    assert repaired == 0 and [ex["id"] for ex in examples] == ["feedback-3", "feedback-4-0", "feedback-5-0",
-                                                               "feedback-6", "feedback-4-1"]
+    assert repaired == 0 and [ex["id"] for ex in examples] == ["feedback-3", "feedback-4", "feedback-5",
+                                                               "feedback-6"]
     assert examples[3]["answers"] == {"text": ["Ada Byron"], "answer_start": [31]}
     questions = load_questions(os.path.join(out, "questions.jsonl"), need_context=False)  # qa_system.py --questions
     assert [(q["id"], q["title"], q["answers"]["text"]) for q in questions] == \

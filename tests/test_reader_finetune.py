@@ -49,29 +49,21 @@ def test_fine_tuning_on_labels_chooses_its_threshold_on_documents_each_reader_ne
     the official rule tunes on those readings; the final reader's in-sample results are left out."""
     reader, out = trained_models[0], tmp_path / "reader-labels"
     examples, _ = load_squad(f"{SAMPLE}/train.json")
-    # an unanswerable label as export_feedback.py writes it: one example per passage shown, of two documents
-    a, b = examples[0], next(ex for ex in examples if ex["title"] != examples[0]["title"])
-    copies = [{**ex, "id": f"feedback-900-{n}", "question": "Who painted the harbour wall blue?",
-               "answers": {"text": [], "answer_start": []}} for n, ex in enumerate((a, b))]
     labels = tmp_path / "labels.json"
-    labels.write_text(json.dumps(squad_document(examples + copies)))
+    labels.write_text(json.dumps(squad_document(examples)))
     before = set(os.listdir(tempfile.gettempdir()))
     run_script("scripts/finetune_on_labels.py", "--reader", reader, "--labels", labels, "--output_dir", out,
                "--folds", 3, "--", "--max_train_steps", 2, "--per_device_train_batch_size", 8)
     report = json.loads((out / "finetune.json").read_text())
     document = {ex["id"]: article_of(ex) for ex in examples}
-    assert report["folds"] == 3 and set(report["readings"]) == set(document) | {c["id"] for c in copies}
-    assert report["questions"] == len(examples) + 1  # the label's two examples: one question
+    assert report["folds"] == 3 and set(report["readings"]) == set(document)
+    assert report["questions"] == len(examples)
     for qid, reading in report["readings"].items():
-        assert qid in document or document[a["id"]] not in report["trained_on"][reading["fold"]]
-        assert qid not in document or document[qid] not in report["trained_on"][reading["fold"]]
-    assert report["readings"]["feedback-900-0"]["fold"] == report["readings"]["feedback-900-1"]["fold"]
-    read = {q: r for q, r in report["readings"].items() if q in document}  # one question each
-    copy = min((report["readings"][c["id"]] for c in copies), key=lambda r: r["null_minus_best"])  # the smaller
-    _, threshold = best_null_threshold({**{ex["id"]: ex["answers"]["text"] for ex in examples}, "q": []},
-                                       {**{q: r["text"] for q, r in read.items()}, "q": copy["text"]},
-                                       {**{q: r["null_minus_best"] for q, r in read.items()},
-                                        "q": copy["null_minus_best"]})
+        assert document[qid] not in report["trained_on"][reading["fold"]]
+    read = report["readings"]
+    _, threshold = best_null_threshold({ex["id"]: ex["answers"]["text"] for ex in examples},
+                                       {q: r["text"] for q, r in read.items()},
+                                       {q: r["null_minus_best"] for q, r in read.items()})
     recorded = settings(out)
     assert recorded["null_threshold"] == report["threshold"] == threshold
     assert "cross-validated over 3 folds of whole documents" in recorded["null_threshold_tuned_on"]["data"]

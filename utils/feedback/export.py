@@ -28,8 +28,11 @@ The three layouts, each question under the id "feedback-<its label's id>":
     "question", "answers": [{"text", "answer_start"}], "is_impossible"}]}]}]}, written by the project's own
     squad_document: an article per document (a passage without one: its title), a paragraph per distinct passage
     text (the passage as read), the articles and paragraphs in the order of their first question, the questions in
-    label order. An answerable label is one question in its passage. An unanswerable label is an is_impossible
-    question in each distinct passage shown ("<id>-0", "<id>-1", ... in the order shown): none of them answers it.
+    label order. A label is one question, whatever its verdict, so that a label weighs as one in training: an
+    answerable label in its passage, an unanswerable one is_impossible in the passage the answer it was given came
+    from, else (an abstention) in the first passage shown, the one retrieval ranked first (`unanswered_passage`).
+    (An example in every passage shown made each "no passage answers it" count as many questions as passages shown:
+    a reader fine-tuned on such an export learned to abstain; RESULTS, issue 60.)
   Labelled questions (`question_rows`): JSON lines {"id", "question", "answers": [the answer] ([] unanswerable),
     "title"}: the questions qa_system.py --questions and --validation_file read by their answer strings; "title" is
     the document of an answerable question's passage, so that folds keep a document's questions together, and ""
@@ -142,6 +145,13 @@ def distinct_shown(label: dict) -> list[dict]:
     return out
 
 
+def unanswered_passage(label: dict) -> dict:
+    """The passage an unanswerable label is trained in: the one the answer given came from (where the reader found a
+    plausible span: the hardest negative), else the first shown."""
+    given = label.get("given_passage_id")
+    return next((p for p in label["shown"] if given is not None and p.get("passage_id") == given), label["shown"][0])
+
+
 def squad_examples(labels: list[dict]) -> list[dict]:
     """The labels as SQuAD examples in the flat layout (utils.files.squad), grouped: by article (document) in the
     order of its first example, within it by paragraph (passage text) likewise, within it in label order."""
@@ -152,9 +162,9 @@ def squad_examples(labels: list[dict]) -> list[dict]:
                              "question": label["question"],
                              "answers": {"text": [label["answer"]], "answer_start": [label["answer_start"]]}})
         else:
-            examples += [{"id": f"feedback-{label['id']}-{n}", "title": document_of(p), "context": p["text"],
-                          "question": label["question"], "answers": {"text": [], "answer_start": []}}
-                         for n, p in enumerate(distinct_shown(label))]
+            p = unanswered_passage(label)
+            examples.append({"id": f"feedback-{label['id']}", "title": document_of(p), "context": p["text"],
+                             "question": label["question"], "answers": {"text": [], "answer_start": []}})
     articles, paragraphs = {}, {}
     for ex in examples:
         articles.setdefault(ex["title"], len(articles))
