@@ -11,7 +11,8 @@ questions in an order drawn by the seed through POST /ask (k = --k) and answers 
 answer is in a passage shown it selects it there (verdict span), where the question has no answer it clicks "no
 passage shown answers it" (no_answer), otherwise "wrong"; until max(--labels) labels. export_feedback.py writes the
 store out; the first N labels of it, for each N of --labels, fine-tune the reader (scripts/finetune_on_labels.py,
-the flags after `--` to train_reader.py), and qa_system.py (BM25, k = --k) answers the questions never asked in that
+the flags after `--` to train_reader.py; each N for every seed before the next N, the result file written after
+each), and qa_system.py (BM25, k = --k) answers the questions never asked in that
 seed (the same documents) and --test (other documents, over --test_corpus). Three rows per N and seed, each F1 from
 qa_system.py's details.jsonl at a threshold: the reader as it was (its recorded threshold), the reader as it was at
 the threshold tuned on the N labels (what calibration alone gives), the fine-tuned reader. Writes
@@ -173,6 +174,8 @@ def main():
     base_test = qa(args.reader, args.test, w("test_corpus.jsonl"), "qa-test-base")
     check_rethresholded(base_test, recorded)
     result = {"reader": args.reader, "k": args.k, "train_flags": train_flags, "seeds": {}}
+    # --- each seed's user labels the server's answers; the questions never asked read by the reader as it was ----
+    users = {}
     for seed in args.seeds:
         order = examples[:]
         random.Random(seed).shuffle(order)
@@ -189,15 +192,20 @@ def main():
             proc.wait(timeout=120)
         run("export_feedback.py", "--feedback_db", w(f"feedback-{seed}.sqlite"), "--output_dir", w(f"labels-{seed}"))
         exported = load_squad(w(f"labels-{seed}", "squad.json"))[0]
-        label_ids = sorted({int(ex["id"].split("-")[1]) for ex in exported})  # feedback-<label id>[-n]
         asked = set(user["asked"])
         held = [ex for ex in examples if ex["id"] not in asked]
         write_json_file(w(f"heldout-{seed}.json"), squad_document(held))
         base_held = qa(args.reader, w(f"heldout-{seed}.json"), "index", f"qa-held-{seed}-base")
+        users[seed] = exported, base_held
         rows = {"0": {"held_out": {"reader": f1_at(w(f"heldout-{seed}.json"), base_held, recorded)},
                       "test": {"reader": f1_at(args.test, base_test, recorded)}}}
-        for n in args.labels:
-            keep = set(label_ids[:n])
+        result["seeds"][str(seed)] = {"user": {k: v for k, v in user.items() if k != "asked"}, "asked": len(asked),
+                                      "held_out_questions": len(held), "rows": rows}
+    # --- each number of labels, in the order given, for every seed: the result written after each point --------
+    for n in args.labels:
+        for seed in args.seeds:
+            exported, base_held = users[seed]
+            keep = set(sorted({int(ex["id"].split("-")[1]) for ex in exported})[:n])  # feedback-<label id>
             subset = [ex for ex in exported if int(ex["id"].split("-")[1]) in keep]
             write_json_file(w(f"labels-{seed}-{n}.json"), squad_document(subset))
             tuned = w(f"reader-{seed}-{n}")
@@ -208,6 +216,7 @@ def main():
             fine_test = qa(tuned, args.test, w("test_corpus.jsonl"), f"qa-test-{seed}-{n}")
             threshold = report["threshold"]
             calibration = report["reader_as_it_was_threshold_on_the_labels"]
+            rows = result["seeds"][str(seed)]["rows"]
             rows[str(n)] = {
                 "held_out": {"reader": rows["0"]["held_out"]["reader"],
                              "reader_threshold_on_labels": f1_at(w(f"heldout-{seed}.json"), base_held, calibration),
@@ -217,8 +226,8 @@ def main():
                          "fine_tuned": f1_at(args.test, fine_test, threshold)},
                 "out_of_fold": report["out_of_fold"], "labels": len(keep)}
             print(seed, n, json.dumps(rows[str(n)]), flush=True)
-        result["seeds"][str(seed)] = {"user": {k: v for k, v in user.items() if k != "asked"}, "asked": len(asked),
-                                      "held_out_questions": len(held), "rows": rows}
+            result["seconds"] = round(time.time() - t0)
+            write_result(args.out, "feedback_loop_cpu.json", result, show=False)  # a run cut short keeps its points
     result["seconds"] = round(time.time() - t0)
     write_result(args.out, "feedback_loop_cpu.json", result)
 
