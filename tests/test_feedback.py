@@ -178,6 +178,10 @@ def test_on_another_address_feedback_needs_the_token_and_postgresql_keeps_the_la
             status, refused = call(with_token, "/feedback", body, token=token)
             assert status == 401 and "token" in refused["error"]
             assert call(with_token, "/feedback", token=token)[0] == 401
+            # refused before the body is read: a bad body, bad JSON or a bad page tells no one but the token's holder
+            assert call(with_token, "/feedback", {**body, "verdict": "maybe"}, token=token)[0] == 401
+            assert call(with_token, "/feedback", raw=b"{not json", token=token)[0] == 401
+            assert call(with_token, "/feedback?limit=0", token=token)[0] == 401
         status, stored = call(with_token, "/feedback", body, token=TOKEN)
         assert status == 201 and stored["verdict"] == "no_answer"
         status, listed = call(with_token, "/feedback", token=TOKEN)

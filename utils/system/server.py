@@ -19,7 +19,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Header
+from fastapi import FastAPI
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -206,12 +206,10 @@ class ServerState:
                                 headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)
         return None
 
-    async def give_feedback(self, body: FeedbackRequest, authorization: str | None):
-        """POST /feedback: the label checked against the index serving (utils.feedback.labels), then written in one
-        transaction (off the event loop: /ask goes on meanwhile); 201 with the label as stored."""
-        refused = self.feedback_refused(authorization)
-        if refused is not None:
-            return refused
+    async def give_feedback(self, body: FeedbackRequest):
+        """POST /feedback (its access checked by create_app's middleware): the label checked against the index
+        serving (utils.feedback.labels), then written in one transaction (off the event loop: /ask goes on
+        meanwhile); 201 with the label as stored."""
         system = self.system  # one version for the whole request, as a pass
         if system is None:
             return JSONResponse({"error": self.error or "the models are still loading", "field": None},
@@ -225,12 +223,9 @@ class ServerState:
                                 status_code=503)
         return JSONResponse(stored, status_code=201)
 
-    async def list_feedback(self, after: int, limit: int, authorization: str | None):
+    async def list_feedback(self, after: int, limit: int):
         """GET /feedback?after=ID&limit=N: the labels written after label ID, in order, N at most (1 to 1000); "next"
         is the `after` of the next page (None at the end), "total" how many there are."""
-        refused = self.feedback_refused(authorization)
-        if refused is not None:
-            return refused
         if not 1 <= limit <= 1000:
             raise BadRequest("limit", f"must be between 1 and 1000 (got {limit})")
         if not 0 <= after < 2 ** 31:  # a label's id: what every store's integer holds
@@ -280,6 +275,14 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=state.limits.max_body_bytes)
     install_error_handlers(app)
 
+    @app.middleware("http")  # added last, so run first: before the body is read, its size or its fields checked
+    async def feedback_access(request, call_next):
+        """/feedback refused (401/403/404) before anything of the request is read: only the token's holder learns
+        what a request's body or page would have been told."""
+        refused = state.feedback_refused(request.headers.get("authorization")) \
+            if request.url.path == "/feedback" else None
+        return refused if refused is not None else await call_next(request)
+
     @app.get("/health")
     async def health():
         return state.health()
@@ -289,12 +292,12 @@ def create_app(state: ServerState) -> FastAPI:
         return await state.ask(body)
 
     @app.post("/feedback", status_code=201)
-    async def feedback(body: FeedbackRequest, authorization: str | None = Header(None)):
-        return await state.give_feedback(body, authorization)
+    async def feedback(body: FeedbackRequest):
+        return await state.give_feedback(body)
 
     @app.get("/feedback")
-    async def labels(after: int = 0, limit: int = 100, authorization: str | None = Header(None)):
-        return await state.list_feedback(after, limit, authorization)
+    async def labels(after: int = 0, limit: int = 100):
+        return await state.list_feedback(after, limit)
 
     @app.get("/documents/{name:path}", include_in_schema=False)
     async def document(name: str, passage: int = -1, original: bool = False):
