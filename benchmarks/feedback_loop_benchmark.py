@@ -12,11 +12,11 @@ answer is in a passage shown it selects it there (verdict span), where the quest
 passage shown answers it" (no_answer), otherwise "wrong"; until max(--labels) labels. export_feedback.py writes the
 store out; the first N labels of it, for each N of --labels, fine-tune the reader (scripts/finetune_on_labels.py,
 the flags after `--` to train_reader.py; each N for every seed before the next N, the result file written after
-each), and qa_system.py (BM25, k = --k) answers the questions never asked in that
-seed (the same documents) and --test (other documents, over --test_corpus). Three rows per N and seed, each F1 from
-qa_system.py's details.jsonl at a threshold: the reader as it was (its recorded threshold), the reader as it was at
-the threshold tuned on the N labels (what calibration alone gives), the fine-tuned reader. Writes
-feedback_loop_cpu.json to --out.
+each), and qa_system.py (BM25, k = --k) answers the questions never asked in that seed (the same documents) and
+--test (other documents, over --test_corpus). Three rows per N and seed, each F1 (of all questions, of the
+answerable, of the unanswerable) from qa_system.py's details.jsonl at a threshold: the reader as it was (its
+recorded threshold), the reader as it was at the threshold tuned on the N labels (what calibration alone gives), the
+fine-tuned reader. Writes feedback_loop_cpu.json to --out.
 """
 
 import argparse
@@ -123,9 +123,12 @@ def check_rethresholded(details: str, threshold) -> None:
     assert not wrong, f"{details}: {len(wrong)} answers not as the run gave them, e.g. {wrong[:3]}"
 
 
-def f1_at(questions_file: str, details: str, threshold) -> float:
+def f1_at(questions_file: str, details: str, threshold) -> dict:
+    """F1 of a run's answers at `threshold`: of all questions, of the answerable ones, of the unanswerable ones."""
     refs = {ex["id"]: ex["answers"]["text"] for ex in load_squad(questions_file)[0]}
-    return round(squad_metrics(refs, answers_at(details, threshold))["f1"], 2)
+    m = squad_metrics(refs, answers_at(details, threshold))
+    return {"f1": round(m["f1"], 2), "answerable": round(m.get("HasAns_f1", 0.0), 2),
+            "unanswerable": round(m.get("NoAns_f1", 0.0), 2)}
 
 
 def main():
