@@ -14,9 +14,9 @@ store out; the first N labels of it, for each N of --labels, fine-tune the reade
 the flags after `--` to train_reader.py; each N for every seed before the next N, the result file written after
 each), and qa_system.py (BM25, k = --k) answers the questions never asked in that seed (the same documents) and
 --test (other documents, over --test_corpus). Three rows per N and seed, each F1 (of all questions, of the
-answerable, of the unanswerable) from qa_system.py's details.jsonl at a threshold: the reader as it was (its
-recorded threshold), the reader as it was at the threshold tuned on the N labels (what calibration alone gives), the
-fine-tuned reader. Writes feedback_loop_cpu.json to --out.
+answerable, of the unanswerable, and of the answerable where the reader answers every question) from qa_system.py's
+details.jsonl at a threshold: the reader as it was (its recorded threshold), the reader as it was at the threshold
+tuned on the N labels (what calibration alone gives), the fine-tuned reader. Writes feedback_loop_cpu.json to --out.
 """
 
 import argparse
@@ -124,11 +124,14 @@ def check_rethresholded(details: str, threshold) -> None:
 
 
 def f1_at(questions_file: str, details: str, threshold) -> dict:
-    """F1 of a run's answers at `threshold`: of all questions, of the answerable ones, of the unanswerable ones."""
+    """F1 of a run's answers at `threshold`: of all questions, of the answerable ones, of the unanswerable ones; and
+    of the answerable ones where the reader answers every question (its spans apart from its threshold)."""
     refs = {ex["id"]: ex["answers"]["text"] for ex in load_squad(questions_file)[0]}
     m = squad_metrics(refs, answers_at(details, threshold))
+    spans = squad_metrics(refs, answers_at(details, float("inf")))
     return {"f1": round(m["f1"], 2), "answerable": round(m.get("HasAns_f1", 0.0), 2),
-            "unanswerable": round(m.get("NoAns_f1", 0.0), 2)}
+            "unanswerable": round(m.get("NoAns_f1", 0.0), 2),
+            "answerable_answering_all": round(spans.get("HasAns_f1", 0.0), 2)}
 
 
 def main():
